@@ -1,0 +1,56 @@
+# Two commands do all set-up on a fresh machine:  `make book`  and  `make test`.
+# Each creates .venv (Python >= 3.11) and installs the pinned environment the first time.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export PYTHONUNBUFFERED := 1
+
+.PHONY: help venv book test lab bench check ptx doctor lock clean
+
+help:
+	@echo "make book    build the course site into _build/html (executes every chapter)"
+	@echo "make test    run the whole test suite (builds the book first; the browser test needs it)"
+	@echo "make lab     open the chapters and exercises in JupyterLab"
+	@echo "make bench   benchmark every op on this machine's CPU (and GPU, if there is one)"
+	@echo "make check   parity of every registered kernel against its float64 reference"
+
+$(STAMP): pyproject.toml requirements.lock
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON=...)")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c requirements.lock -e '.[all]'
+	touch $@
+
+venv: $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . --path-output . -W -n --keep-going
+	@echo
+	@echo "The course site is in _build/html. To read it:"
+	@echo "    $(BIN)/python -m http.server -d _build/html   # then open http://localhost:8000"
+
+test: book
+	$(BIN)/python -m pytest -n auto
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=.
+
+check: $(STAMP)
+	$(BIN)/python -m kernels_src check
+
+ptx: $(STAMP)
+	$(BIN)/python -m kernels_src ptx
+
+doctor: $(STAMP)
+	$(BIN)/python -m kernels_src doctor
+
+bench: $(STAMP)
+	$(BIN)/python -m kernels_src.benchall --out _build/bench
+
+lock: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^kernels' > requirements.lock.new
+	@echo "wrote requirements.lock.new; review and move it over requirements.lock"
+
+clean:
+	rm -rf _build

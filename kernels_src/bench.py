@@ -1,0 +1,318 @@
+"""Benchmarking: time every registered variant of an op the same way, and compare with a peak.
+
+CPU timing: call once to JIT-compile (and once more to warm caches), then repeat until at least
+``min_time`` has passed, and take the median of the individual call times.
+
+GPU timing: CUDA events around each launch; before each timed launch a buffer twice the size of
+the L2 cache is overwritten so no run starts with a warm L2; inputs rotate between several copies;
+the median over repeats is reported.
+
+Every row carries GFLOP/s and GB/s (from the op's FLOP and byte counts) and the fraction of a peak
+measured in the same run: device copy bandwidth for memory-bound ops, and for compute-bound ops the
+vendor library (numpy.matmul / cuBLAS) when a baseline variant is registered.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import device
+from .parity import as_tuple, empty_outputs, reference_outputs
+
+
+def _median(xs) -> float:
+    return float(np.median(np.asarray(xs)))
+
+
+def time_cpu(fn, args, *, warmup: int = 2, min_time: float = 0.2, min_repeat: int = 5,
+             max_repeat: int = 200) -> list[float]:
+    """Seconds per call for ``fn(*args)``; the first ``warmup`` calls (JIT compile) are not timed."""
+    for _ in range(warmup):
+        fn(*args)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_repeat or (time.perf_counter() - start < min_time and len(times) < max_repeat):
+        t0 = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+_flush_state: dict = {}
+
+
+def _l2_bytes() -> int:
+    dev = device.cuda.get_current_device()
+    return int(getattr(dev, "L2_CACHE_SIZE", 0) or 64 << 20)
+
+
+def flush_l2() -> None:
+    """Overwrite a buffer of 2x the L2 size so the next kernel starts with a cold cache."""
+    if device.MODE != "gpu":
+        return
+    cuda = device.cuda
+    if "kernel" not in _flush_state:
+        @cuda.jit
+        def _scribble(buf, v):
+            i = cuda.grid(1)
+            if i < buf.size:
+                buf[i] = v
+
+        _flush_state["kernel"] = _scribble
+        _flush_state["buf"] = cuda.device_array(2 * _l2_bytes() // 4, dtype=np.float32)
+        _flush_state["n"] = 0
+    buf = _flush_state["buf"]
+    _flush_state["n"] += 1
+    _flush_state["kernel"][device.ceil_div(buf.size, 256), 256](buf, np.float32(_flush_state["n"]))
+
+
+def time_gpu(fn, arg_sets, *, warmup: int = 2, repeat: int = 20, flush: bool = True) -> list[float]:
+    """Seconds per launch of ``fn(*args)`` (CUDA events), rotating through ``arg_sets``."""
+    cuda = device.cuda
+    for i in range(warmup):
+        fn(*arg_sets[i % len(arg_sets)])
+    device.synchronize()
+    if device.SIMULATED:  # no events worth having: wall clock, clearly labelled as simulated by the caller
+        return time_cpu(fn, arg_sets[0], warmup=0, min_time=0.0, min_repeat=min(repeat, 3), max_repeat=3)
+    times = []
+    start, end = cuda.event(), cuda.event()
+    for i in range(repeat):
+        if flush:
+            flush_l2()
+        start.record()
+        fn(*arg_sets[i % len(arg_sets)])
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end) / 1e3)
+    return times
+
+
+# ----------------------------------------------------------------------------------------- peaks
+def measure_peaks(backend: str, *, compute_size: int = 1024) -> dict:
+    """Measured yardsticks for this run: copy bandwidth, and the vendor GEMM rate where available."""
+    if backend == "cpu":
+        n = 16 << 20  # 64 MiB of float32: well past the caches
+        src = np.random.default_rng(0).random(n, dtype=np.float32)
+        dst = np.empty_like(src)
+        t = _median(time_cpu(np.copyto, (dst, src), min_time=0.3))
+        a = np.random.default_rng(1).random((compute_size, compute_size), dtype=np.float32)
+        tm = _median(time_cpu(np.matmul, (a, a), min_time=0.3))
+        return {"copy_gbps": 2 * src.nbytes / t / 1e9, "copy_what": "numpy.copyto, 64 MiB float32",
+                "compute_gflops": 2 * compute_size**3 / tm / 1e9,
+                "compute_what": f"numpy.matmul float32 {compute_size}^3 ({_blas_name()})"}
+    if device.MODE != "gpu":
+        return {"copy_gbps": None, "copy_what": "simulated: no GPU peak", "compute_gflops": None,
+                "compute_what": "simulated"}
+    cuda = device.cuda
+    n = 256 << 20  # 1 GiB of float32
+    src = cuda.device_array(n, dtype=np.float32)
+    dst = cuda.device_array(n, dtype=np.float32)
+    t = _median(time_gpu(lambda d, s: d.copy_to_device(s), [(dst, src)], repeat=10, flush=False))
+    peaks = {"copy_gbps": 2 * n * 4 / t / 1e9, "copy_what": "device-to-device copy, 1 GiB (read + write)"}
+    del src, dst
+    peaks.update(_cublas_rate(4096))
+    return peaks
+
+
+def _blas_name() -> str:
+    try:
+        cfg = np.show_config(mode="dicts")
+        return cfg["Build Dependencies"]["blas"]["name"]
+    except Exception:  # noqa: BLE001
+        return "BLAS"
+
+
+def _cublas_rate(n: int) -> dict:
+    """cuBLAS SGEMM through torch (TF32 off) when torch is installed; otherwise nothing."""
+    try:
+        import torch
+    except ImportError:
+        return {"compute_gflops": None, "compute_what": "torch not installed: no cuBLAS yardstick"}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a = torch.rand(n, n, device="cuda")
+    b = torch.rand(n, n, device="cuda")
+    c = torch.empty(n, n, device="cuda")
+    t = _median(time_gpu(lambda: torch.matmul(a, b, out=c), [()], repeat=10, flush=False))
+    return {"compute_gflops": 2 * n**3 / t / 1e9, "compute_what": f"cuBLAS SGEMM via torch {torch.__version__}, "
+            f"{n}^3 fp32, TF32 off"}
+
+
+# ----------------------------------------------------------------------------------------- bench
+def environment() -> dict:
+    import numba
+
+    versions = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__}
+    for mod in ("numba_cuda", "torch", "cupy"):
+        m = sys.modules.get(mod)
+        if m is None and mod == "numba_cuda":
+            try:
+                import numba_cuda as m  # noqa: F811
+            except ImportError:
+                m = None
+        if m is not None:
+            versions[mod] = getattr(m, "__version__", "?")
+    return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "device": device.describe(), "versions": versions,
+            "command": " ".join(sys.argv)}
+
+
+def default_bench_sizes(op, backend) -> list:
+    if backend == "gpu" and device.SIMULATED:
+        return op.sizes.get("bench_sim") or op.sizes.get("check_sim") or op.sizes["check"][:1]
+    return op.sizes.get(f"bench_{backend}") or op.sizes["bench"]
+
+
+def _prepare(op, size, dtype, backend, n_sets):
+    """``n_sets`` independent (outputs..., inputs...) argument tuples, on the device for GPU runs."""
+    rng = np.random.default_rng(1234)
+    sets, template = [], None
+    for _ in range(n_sets):
+        inputs = as_tuple(op.make_inputs(size, np.dtype(dtype), rng))
+        if template is None:  # the reference is only needed once, for output shapes and dtypes
+            template = empty_outputs(reference_outputs(op, inputs), dtype)
+        outs = [np.empty_like(o) for o in template]
+        if backend == "gpu":
+            cuda = device.cuda
+            outs = [cuda.to_device(o) for o in outs]
+            inputs = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in inputs)
+        sets.append((*outs, *inputs))
+    return sets
+
+
+def _nbytes(args) -> int:
+    return sum(getattr(a, "nbytes", 0) for a in args)
+
+
+def bench(op_name: str, backend: str = "cpu", *, variants=None, sizes=None, dtype: str = "float32",
+          repeat: int = 20, progress: bool = True, include_peaks: bool = True) -> dict:
+    """Time every registered variant of ``op_name`` on ``backend``; return a JSON-able dict."""
+    from .registry import get_op
+
+    op = get_op(op_name)
+    chosen = [v for v in op.variants if v.backend == backend and (not variants or v.name in variants)]
+    if variants:
+        missing = set(variants) - {v.name for v in chosen}
+        if missing:
+            raise KeyError(f"{op_name}/{backend} has no variant(s) {sorted(missing)}; "
+                           f"known: {[v.name for v in op.variants if v.backend == backend]}")
+    if backend == "gpu" and not device.GPU_VARIANTS_RUN:
+        raise RuntimeError(f"cannot benchmark GPU variants: {device.REASON}")
+    simulated = backend == "gpu" and device.SIMULATED
+    if simulated:
+        print("[kernels_src] WARNING: timing the CUDA simulator measures Python, not a GPU; "
+              "these numbers are for testing the harness only and are marked simulated.", file=sys.stderr)
+    sizes = [tuple(s) for s in (sizes or default_bench_sizes(op, backend))]
+    itemsize = np.dtype(dtype).itemsize
+    result = {"op": op.name, "backend": backend, "dtype": np.dtype(dtype).name, "kind": op.kind,
+              "simulated": simulated, "meta": environment(),
+              "peaks": measure_peaks(backend) if include_peaks and not simulated else {}, "rows": []}
+    jobs = [(size, v) for size in sizes for v in chosen]
+    it = jobs
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(jobs, desc=f"bench {op.name}/{backend}", unit="run")
+    prepared = {}
+    for size, v in it:
+        ok, why = v.available()
+        if not ok:
+            result["rows"].append({"variant": v.name, "size": list(size), "skipped": why})
+            continue
+        if size not in prepared:
+            prepared.clear()
+            one = _nbytes(_prepare(op, size, dtype, backend, 1)[0])
+            n_sets = 1 if backend == "cpu" or simulated else max(1, min(3, (1 << 30) // max(one, 1)))
+            prepared[size] = _prepare(op, size, dtype, backend, n_sets)
+        sets = prepared[size]
+        if backend == "gpu":
+            times = time_gpu(v.fn, sets, repeat=repeat)
+        else:
+            times = time_cpu(v.fn, sets[0], min_repeat=min(5, repeat))
+        t = _median(times)
+        flops = (v.flops or op.flops)(size)
+        nbytes = (v.bytes or op.bytes)(size, itemsize)
+        row = {"variant": v.name, "rung": v.rung, "baseline": v.baseline, "summary": v.summary,
+               "size": list(size), "size_label": op.size_label(size), "median_s": t,
+               "min_s": float(np.min(times)), "q1_s": float(np.percentile(times, 25)),
+               "q3_s": float(np.percentile(times, 75)), "repeats": len(times),
+               "gflops": flops / t / 1e9, "gbps": nbytes / t / 1e9, "flops": flops, "bytes": nbytes}
+        result["rows"].append(row)
+    _add_fractions(result)
+    return result
+
+
+def _add_fractions(result: dict) -> None:
+    peaks = result.get("peaks") or {}
+    rows = [r for r in result["rows"] if "median_s" in r]
+    for r in rows:
+        if peaks.get("copy_gbps"):
+            r["frac_copy_bw"] = r["gbps"] / peaks["copy_gbps"]
+        if peaks.get("compute_gflops"):
+            r["frac_compute_peak"] = r["gflops"] / peaks["compute_gflops"]
+        base = [b for b in rows if b["baseline"] and b["size"] == r["size"]]
+        if base:
+            best = min(base, key=lambda b: b["median_s"])
+            r["vs_baseline"] = best["median_s"] / r["median_s"]
+            r["baseline_name"] = best["variant"]
+
+
+def format_table(result: dict) -> str:
+    memory = result.get("kind") == "memory"
+    head = f"{result['op']} on {result['backend']} ({result['meta']['device']['name']}), {result['dtype']}"
+    if result.get("simulated"):
+        head += "  [SIMULATED: not a GPU timing]"
+    peaks = result.get("peaks") or {}
+    lines = [head]
+    if peaks.get("copy_gbps"):
+        lines.append(f"  copy bandwidth: {peaks['copy_gbps']:.1f} GB/s ({peaks['copy_what']})")
+    if peaks.get("compute_gflops"):
+        lines.append(f"  compute yardstick: {peaks['compute_gflops']:.1f} GFLOP/s ({peaks['compute_what']})")
+    cols = ["size", "rung", "variant", "median", "GFLOP/s", "GB/s", "% copy BW" if memory else "% peak", "vs base"]
+    rows = []
+    for r in result["rows"]:
+        if "skipped" in r:
+            rows.append([op_size(r), "", r["variant"], "skipped: " + r["skipped"], "", "", "", ""])
+            continue
+        frac = r.get("frac_copy_bw") if memory else r.get("frac_compute_peak")
+        rows.append([r["size_label"], "base" if r["baseline"] else str(r["rung"]), r["variant"],
+                     _fmt_time(r["median_s"]), f"{r['gflops']:.2f}", f"{r['gbps']:.2f}",
+                     f"{100 * frac:.1f}%" if frac is not None else "-",
+                     f"{r['vs_baseline']:.2f}x" if "vs_baseline" in r else "-"])
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)] if rows else [len(c) for c in cols]
+    fmt = "  ".join("{:<%d}" % w for w in widths)
+    lines.append(fmt.format(*cols))
+    lines += [fmt.format(*row) for row in rows]
+    return "\n".join(lines)
+
+
+def op_size(r) -> str:
+    return "x".join(map(str, r["size"]))
+
+
+def _fmt_time(s: float) -> str:
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def save_json(result: dict, path) -> Path:
+    """Write atomically (temp file + rename) so an interrupted run never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_json(path) -> dict:
+    return json.loads(Path(path).read_text())

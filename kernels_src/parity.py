@@ -1,0 +1,250 @@
+"""Parity: compare an implementation against the float64 NumPy reference.
+
+Rules (they hold for every variant and every exercise):
+- outputs are *poisoned* (NaN for floats, the most negative value for integers) before the kernel
+  runs, so an element the kernel never wrote cannot pass;
+- NaN or Inf where the reference is finite fails; where the reference is itself non-finite the
+  result must match it exactly (NaN where NaN, +inf where +inf);
+- a finite element passes when ``|got - ref| <= atol + rtol * |ref|``, with (rtol, atol) chosen by
+  dtype unless the op or variant says otherwise;
+- inputs must come back unchanged.
+
+A failure says where and by how much: shape, count of bad elements, max abs/rel error, and the first
+mismatches as (index, expected, got).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import device
+
+DEFAULT_TOL = {  # (rtol, atol) per output dtype
+    "float64": (1e-10, 1e-12),
+    "float32": (1e-5, 1e-6),
+    "float16": (5e-3, 1e-3),
+}
+MAX_SHOWN = 5
+
+
+def resolve_tol(tol, dtype, size=None) -> tuple[float, float]:
+    """``tol`` may be None, (rtol, atol), {dtype_name: (rtol, atol)} or a callable(size, dtype)."""
+    name = np.dtype(dtype).name
+    if callable(tol):
+        tol = tol(size, np.dtype(dtype))
+    if isinstance(tol, dict):
+        tol = tol.get(name)
+    if tol is None:
+        tol = DEFAULT_TOL.get(name, DEFAULT_TOL["float32"])
+    rtol, atol = tol
+    return float(rtol), float(atol)
+
+
+def poison(a: np.ndarray) -> np.ndarray:
+    if np.issubdtype(a.dtype, np.floating):
+        a.fill(np.nan)
+    elif np.issubdtype(a.dtype, np.integer):
+        a.fill(np.iinfo(a.dtype).min)
+    else:
+        a.fill(True)
+    return a
+
+
+@dataclass
+class Mismatch:
+    index: tuple
+    expected: float
+    got: float
+
+    def __str__(self) -> str:
+        note = "  <- never written? (still the poison value)" if np.isnan(self.got) and not np.isnan(self.expected) else ""
+        return f"index {self.index}: expected {self.expected:.7g}, got {self.got:.7g}{note}"
+
+
+@dataclass
+class OutputReport:
+    name: str
+    shape: tuple
+    ok: bool
+    n_bad: int = 0
+    n_total: int = 0
+    n_nonfinite: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    rtol: float = 0.0
+    atol: float = 0.0
+    mismatches: list = field(default_factory=list)
+    bad_mask: np.ndarray | None = None
+    problem: str = ""
+
+    def lines(self) -> list[str]:
+        if self.problem:
+            return [f"{self.name}: {self.problem}"]
+        head = (f"{self.name} shape {self.shape}: {self.n_bad} of {self.n_total} elements wrong"
+                + (f" ({self.n_nonfinite} NaN/Inf where the reference is finite)" if self.n_nonfinite else ""))
+        out = [head,
+               f"  max abs err {self.max_abs:.3g}, max rel err {self.max_rel:.3g} "
+               f"(allowed: |err| <= {self.atol:g} + {self.rtol:g}*|expected|)"]
+        if self.mismatches:
+            out.append("  first mismatches:")
+            out += [f"    {m}" for m in self.mismatches]
+        return out
+
+
+def compare(name: str, got, ref, rtol: float, atol: float, max_shown: int = MAX_SHOWN) -> OutputReport:
+    """Compare one output array against its float64 reference."""
+    ref = np.asarray(ref)
+    got = np.asarray(got)
+    if got.shape != ref.shape:
+        return OutputReport(name, tuple(ref.shape), False, problem=f"shape {got.shape}, expected {ref.shape}")
+    if ref.size == 0:
+        return OutputReport(name, ref.shape, True)
+    g = got.astype(np.float64)
+    r = ref.astype(np.float64)
+    fin = np.isfinite(r)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(g - r)
+        rel = err / np.maximum(np.abs(r), np.finfo(np.float64).tiny)
+        ok_fin = fin & np.isfinite(g) & (err <= atol + rtol * np.abs(r))
+    ok_nonfin = ~fin & ((np.isnan(r) & np.isnan(g)) | (np.isinf(r) & (g == r)))
+    good = ok_fin | ok_nonfin
+    bad = ~good
+    n_bad = int(bad.sum())
+    err_fin = np.where(fin & np.isfinite(g), err, np.inf if n_bad else 0.0)
+    rel_fin = np.where(fin & np.isfinite(g), rel, np.inf if n_bad else 0.0)
+    rep = OutputReport(name, tuple(ref.shape), n_bad == 0, n_bad=n_bad, n_total=int(ref.size),
+                       n_nonfinite=int((fin & ~np.isfinite(g)).sum()),
+                       max_abs=float(np.max(np.where(fin, err_fin, 0.0))),
+                       max_rel=float(np.max(np.where(fin, rel_fin, 0.0))), rtol=rtol, atol=atol)
+    if n_bad:
+        rep.bad_mask = bad
+        for idx in np.argwhere(bad)[:max_shown]:
+            t = tuple(int(i) for i in idx)
+            rep.mismatches.append(Mismatch(t, float(r[t]), float(g[t])))
+    return rep
+
+
+@dataclass
+class ParityReport:
+    label: str
+    size_desc: str
+    dtype: str
+    outputs: list = field(default_factory=list)
+    problems: list = field(default_factory=list)  # mutated inputs, exceptions
+    skipped: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.skipped and not self.problems and all(o.ok for o in self.outputs)
+
+    def __str__(self) -> str:
+        if self.skipped:
+            return f"SKIP {self.label} [{self.size_desc}]: {self.skipped}"
+        status = "ok  " if self.ok else "FAIL"
+        lines = [f"{status} {self.label} [{self.size_desc}, {self.dtype}]"]
+        if not self.ok:
+            for o in self.outputs:
+                if not o.ok:
+                    lines += ["  " + s for s in o.lines()]
+            lines += ["  " + p for p in self.problems]
+        return "\n".join(lines)
+
+
+def as_tuple(x) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def to_float64(inputs) -> tuple:
+    return tuple(a.astype(np.float64) if isinstance(a, np.ndarray) and np.issubdtype(a.dtype, np.floating)
+                 else (float(a) if isinstance(a, np.floating) else a) for a in inputs)
+
+
+def reference_outputs(op, inputs) -> tuple:
+    return tuple(np.asarray(r) for r in as_tuple(op.reference(*to_float64(inputs))))
+
+
+def empty_outputs(refs, dtype) -> list[np.ndarray]:
+    outs = []
+    for r in refs:
+        dt = np.dtype(dtype) if np.issubdtype(r.dtype, np.floating) else r.dtype
+        outs.append(poison(np.empty(r.shape, dtype=dt)))
+    return outs
+
+
+def run_variant(variant, inputs, outs) -> list[np.ndarray]:
+    """Run ``variant`` on host ``inputs`` writing into poisoned host ``outs``; returns host results.
+
+    GPU variants get device copies of every array and the outputs are copied back after a sync.
+    Raises AssertionError if an input array was modified.
+    """
+    originals = [a.copy() if isinstance(a, np.ndarray) else None for a in inputs]
+    if variant.backend == "gpu":
+        cuda = device.cuda
+        d_in = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in inputs]
+        d_out = [cuda.to_device(o) for o in outs]
+        variant.fn(*d_out, *d_in)
+        device.synchronize()
+        results = [d.copy_to_host() for d in d_out]
+        after = [d.copy_to_host() if isinstance(a, np.ndarray) else None for d, a in zip(d_in, inputs)]
+    else:
+        variant.fn(*outs, *inputs)
+        results, after = outs, list(inputs)
+    for i, (before, now) in enumerate(zip(originals, after)):
+        if before is not None and not np.array_equal(before, now, equal_nan=True):
+            raise AssertionError(f"input #{i} was modified by the kernel; inputs must be read-only")
+    return results
+
+
+def check_variant(variant, op, size, dtype="float32", seed=0) -> ParityReport:
+    label = variant.key
+    rep = ParityReport(label, op.describe_size(size), np.dtype(dtype).name)
+    ok, why = variant.available()
+    if not ok:
+        rep.skipped = why
+        return rep
+    rng = np.random.default_rng(seed)
+    inputs = as_tuple(op.make_inputs(size, np.dtype(dtype), rng))
+    refs = reference_outputs(op, inputs)
+    outs = empty_outputs(refs, dtype)
+    try:
+        results = run_variant(variant, inputs, outs)
+    except AssertionError as e:
+        rep.problems.append(str(e))
+        return rep
+    except Exception as e:  # noqa: BLE001  (report any crash as a failure, with its type)
+        rep.problems.append(f"raised {type(e).__name__}: {e}")
+        return rep
+    rtol, atol = resolve_tol(variant.tol if variant.tol is not None else op.tol, dtype, size)
+    names = op.output_names if len(op.output_names) == len(refs) else [f"out{i}" for i in range(len(refs))]
+    rep.outputs = [compare(n, g, r, rtol, atol) for n, g, r in zip(names, results, refs)]
+    return rep
+
+
+def default_check_sizes(op, backend: str) -> list:
+    if backend == "gpu" and device.SIMULATED:
+        return op.sizes.get("check_sim") or op.sizes["check"]
+    return op.sizes["check"]
+
+
+def check(op_name=None, backend=None, variant=None, sizes=None, dtype=None, seed=0, progress=True):
+    """Check every matching registered variant over its size sweep. Returns a list of ParityReports."""
+    from .registry import get_op, variants
+
+    todo = []
+    for v in variants(op_name, backend):
+        if variant and v.name != variant:
+            continue
+        op = get_op(v.op)
+        for size in (sizes or default_check_sizes(op, v.backend)):
+            for dt in ([dtype] if dtype else v.dtypes):
+                todo.append((v, op, tuple(size), dt))
+    reports = []
+    it = todo
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(todo, desc="check", unit="case", leave=False)
+    for v, op, size, dt in it:
+        reports.append(check_variant(v, op, size, dt, seed=seed))
+    return reports

@@ -1,0 +1,86 @@
+"""Compile GPU kernels to PTX for sm_90 without a GPU.
+
+The CUDA simulator runs kernels as Python, so it never checks nopython typing: a kernel that indexes
+with a float or returns a string "works" simulated and fails on a real GPU. NVVM (shipped by
+``numba-cuda[cu13]``) can compile to PTX with no GPU present, which catches those errors.
+
+numba.cuda cannot be the simulator and the real compiler in one process, so the check runs in a
+child process started with ``KERNELS_DEVICE=ptx``. Each GPU variant lists its kernels and their
+signatures at registration: ``register(..., ptx=[(kernel, "void(float32[::1], float32[::1])")])``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from . import device
+
+CC = (9, 0)  # H100
+
+
+@dataclass
+class PtxResult:
+    variant: str
+    kernel: str
+    signature: str
+    ok: bool
+    message: str = ""
+    ptx_lines: int = 0
+
+    def __str__(self) -> str:
+        head = f"{'ok  ' if self.ok else 'FAIL'} {self.variant}: {self.kernel}{self.signature}"
+        return head + (f" ({self.ptx_lines} lines of PTX)" if self.ok else f"\n    {self.message}")
+
+
+def py_func(kernel):
+    """The plain Python function behind a real or simulated @cuda.jit kernel."""
+    for attr in ("py_func", "fn"):
+        f = getattr(kernel, attr, None)
+        if f is not None:
+            return f
+    return kernel
+
+
+def compile_one(kernel, signature, cc=CC) -> str:
+    if device.MODE != "ptx" and device.SIMULATED:
+        raise RuntimeError("PTX compilation needs the real numba.cuda: run it with KERNELS_DEVICE=ptx "
+                           "(`python -m kernels_src ptx` does this for you)")
+    ptx, _ = device.cuda.compile_ptx(py_func(kernel), signature, cc=cc)
+    return ptx
+
+
+def compile_registry(op=None, cc=CC) -> list[PtxResult]:
+    """Compile every (kernel, signature) listed by GPU variants, in this process."""
+    from .registry import variants
+
+    results = []
+    for v in variants(op, "gpu"):
+        if v.baseline:
+            continue
+        if not v.ptx:
+            results.append(PtxResult(v.key, "-", "", False, "no kernels listed: register(..., ptx=[(kernel, sig)])"))
+            continue
+        for kernel, sig in v.ptx:
+            name = getattr(py_func(kernel), "__qualname__", repr(kernel))
+            try:
+                ptx = compile_one(kernel, sig, cc)
+                results.append(PtxResult(v.key, name, f"{sig}", True, ptx_lines=ptx.count("\n")))
+            except Exception as e:  # noqa: BLE001  (a typing error is the finding, not a crash)
+                msg = " ".join(str(e).split())[:600]
+                results.append(PtxResult(v.key, name, f"{sig}", False, f"{type(e).__name__}: {msg}"))
+    return results
+
+
+def compile_registry_subprocess(op=None, cc=CC, timeout=900) -> list[PtxResult]:
+    """Run :func:`compile_registry` in a child with the real numba.cuda, and collect its results."""
+    env = dict(os.environ, KERNELS_DEVICE="ptx", NUMBA_ENABLE_CUDASIM="0")
+    code = ("import json,sys; from kernels_src import ptx; "
+            f"r = ptx.compile_registry({op!r}, {tuple(cc)!r}); "
+            "sys.stdout.write('@@PTX@@' + json.dumps([x.__dict__ for x in r]))")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0 or "@@PTX@@" not in p.stdout:
+        raise RuntimeError(f"the PTX compiler process failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    return [PtxResult(**d) for d in json.loads(p.stdout.split("@@PTX@@", 1)[1])]

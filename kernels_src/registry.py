@@ -1,0 +1,178 @@
+"""The registry: the single list of operations and their implementations.
+
+Every chapter adds a module under ``kernels_src/ops/`` that calls :func:`define_op` once and
+:func:`register` for each rung of its ladder. Tests, benchmarks, the CLI, the book's tables and its
+plots all enumerate this registry, so a variant exists in exactly one place.
+
+Calling convention for every variant (the output comes first, as in a CUDA launcher)::
+
+    fn(*outputs, *inputs)        # writes into outputs, returns nothing
+
+``inputs`` is what the op's ``make_inputs(size, dtype, rng)`` returns; ``outputs`` are arrays shaped
+like the reference's result. CPU variants get NumPy arrays; GPU variants get device arrays (the
+harness copies), though a GPU launcher also accepts NumPy arrays, which numba copies for you.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from . import device
+
+BACKENDS = ("cpu", "gpu")
+Size = tuple
+
+
+@dataclass
+class Op:
+    name: str
+    reference: Callable[..., Any]  # float64 NumPy oracle: reference(*inputs) -> array or tuple of arrays
+    make_inputs: Callable[..., tuple]  # make_inputs(size, dtype, rng) -> tuple of arrays/scalars
+    sizes: dict  # "check", "check_sim", "bench", "bench_sim" -> list of size tuples
+    flops: Callable[[Size], float]
+    bytes: Callable[[Size, int], float]  # (size, itemsize) -> bytes that must move at least once
+    kind: str = "memory"  # "memory" (judge by GB/s vs copy) or "compute" (GFLOP/s vs BLAS)
+    tol: Any = None
+    size_names: tuple = ("n",)
+    title: str = ""
+    chapter: int | None = None
+    output_names: tuple = ("out",)
+    variants: list = field(default_factory=list)
+
+    def size_label(self, size: Size) -> str:
+        return "x".join(str(s) for s in size)
+
+    def describe_size(self, size: Size) -> str:
+        return " ".join(f"{n}={s}" for n, s in zip(self.size_names, size))
+
+
+@dataclass
+class Variant:
+    op: str
+    backend: str
+    name: str
+    fn: Callable[..., None]
+    rung: int = 0
+    doc: str = ""
+    flops: Callable | None = None  # overrides the op's count (e.g. a kernel that recomputes)
+    bytes: Callable | None = None  # overrides the op's count (e.g. an unfused pair moves more)
+    tol: Any = None
+    ptx: Sequence = ()  # [(cuda kernel, signature)] compiled to sm_90 PTX by `kernels ptx`
+    dtypes: tuple = ("float32",)
+    baseline: bool = False  # a vendor yardstick (numpy, cuBLAS), not a course kernel
+    requires: Callable[[], tuple[bool, str]] | None = None  # for baselines needing torch/cupy
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}/{self.backend}/{self.name}"
+
+    @property
+    def summary(self) -> str:
+        return (self.doc or "").strip().split("\n")[0]
+
+    def available(self) -> tuple[bool, str]:
+        if self.backend == "gpu" and not device.GPU_VARIANTS_RUN:
+            return False, f"GPU variants are off ({device.REASON})"
+        if self.requires is not None:
+            return self.requires()
+        return True, ""
+
+
+_OPS: dict[str, Op] = {}
+
+
+def define_op(name: str, **kwargs) -> Op:
+    """Declare an operation: its float64 reference, input generator, sizes and cost model."""
+    op = _OPS.get(name)
+    if op is not None:  # re-import (importlib.reload in a notebook): keep the variants list
+        for k, v in kwargs.items():
+            setattr(op, k, v)
+        return op
+    op = Op(name=name, **kwargs)
+    _OPS[name] = op
+    return op
+
+
+def register(op: str, backend: str, variant: str, *, rung: int = 0, flops=None, bytes=None, tol=None,
+             ptx=(), dtypes=("float32",), baseline: bool = False, requires=None, doc: str | None = None):
+    """Decorator: add ``fn`` as implementation ``variant`` of ``op`` on ``backend``.
+
+    GPU launchers are wrapped so that, under the simulator, they print one notice and run with the
+    simulator speed-up; the wrapped launcher is what the module exports.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    if op not in _OPS:
+        raise KeyError(f"register({op!r}, ...) before define_op({op!r}, ...)")
+
+    def deco(fn):
+        run = _gpu_launcher(fn) if backend == "gpu" else fn
+        v = Variant(op=op, backend=backend, name=variant, fn=run, rung=rung, doc=doc or fn.__doc__ or "",
+                    flops=flops, bytes=bytes, tol=tol, ptx=tuple(ptx), dtypes=tuple(dtypes),
+                    baseline=baseline, requires=requires)
+        lst = _OPS[op].variants
+        for i, old in enumerate(lst):
+            if old.key == v.key:
+                if getattr(old.fn, "__module__", None) != getattr(fn, "__module__", None):
+                    raise ValueError(f"{v.key} is registered twice ({old.fn.__module__}, {fn.__module__})")
+                lst[i] = v
+                break
+        else:
+            lst.append(v)
+        lst.sort(key=lambda x: (x.backend, x.baseline is False, x.rung, x.name))
+        return run
+
+    return deco
+
+
+def _gpu_launcher(fn):
+    @functools.wraps(fn)
+    def launch(*args, **kwargs):
+        if device.MODE == "cpu":
+            raise RuntimeError(f"{fn.__name__} is a GPU kernel launcher, but GPU variants are off "
+                               f"({device.REASON}); unset KERNELS_DEVICE to simulate it")
+        if device.MODE == "ptx":
+            raise RuntimeError("KERNELS_DEVICE=ptx only compiles kernels; it cannot run them")
+        device.announce()
+        with device.simulator_speedup():
+            return fn(*args, **kwargs)
+
+    launch.__wrapped_launcher__ = fn
+    return launch
+
+
+def load_all() -> None:
+    """Import every module under kernels_src.ops so that all registrations have happened."""
+    import importlib
+
+    importlib.import_module(__package__ + ".ops")  # its __init__ imports each module
+
+
+def ops() -> list[Op]:
+    load_all()
+    return sorted(_OPS.values(), key=lambda o: ((o.chapter if o.chapter is not None else 99), o.name))
+
+
+def get_op(name: str) -> Op:
+    load_all()
+    try:
+        return _OPS[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; known ops: {', '.join(sorted(_OPS))}") from None
+
+
+def variants(op: str | None = None, backend: str | None = None, *, baselines: bool = True) -> list[Variant]:
+    out = []
+    for o in ([get_op(op)] if op else ops()):
+        out += [v for v in o.variants if (backend is None or v.backend == backend) and (baselines or not v.baseline)]
+    return out
+
+
+def get_variant(key: str) -> Variant:
+    """Look up ``"op/backend/variant"``."""
+    op, backend, name = key.split("/")
+    for v in get_op(op).variants:
+        if v.backend == backend and v.name == name:
+            return v
+    raise KeyError(f"no variant {key!r}; {op} has: {', '.join(v.key for v in get_op(op).variants)}")
