@@ -132,3 +132,10 @@ def describe() -> dict:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def needs_real_gpu() -> tuple[bool, str]:
+    """``requires=`` for variants using warp shuffles/votes, which the simulator does not implement."""
+    if MODE != "gpu":
+        return False, "warp shuffles need a real GPU (the CUDA simulator has no shfl_*_sync)"
+    return True, ""

@@ -1,0 +1,158 @@
+"""Figures and tables for the book, generated from committed benchmark JSON (book/data/bench/).
+
+Nothing here times anything: a figure is only ever drawn from results measured by
+``python -m kernels_src bench ... --json FILE``. GPU results come from the H100; CPU results from the
+machine named in the file's metadata, which every caption repeats.
+"""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import numpy as np
+
+from .bench import load_json
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "book" / "data" / "bench"
+
+
+def load_bench(name: str) -> dict:
+    """``load_bench("axpy_gpu")`` reads book/data/bench/axpy_gpu.json."""
+    path = DATA / (name if name.endswith(".json") else name + ".json")
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: measure it with `python -m kernels_src bench ... --json {path}`")
+    res = load_json(path)
+    if res.get("simulated"):
+        raise ValueError(f"{path} holds simulated GPU timings, which must never appear in a figure")
+    return res
+
+
+def rows(result: dict, size=None, baselines: bool = True) -> list[dict]:
+    out = [r for r in result["rows"] if "median_s" in r and (baselines or not r["baseline"])]
+    if size is not None:
+        out = [r for r in out if tuple(r["size"]) == tuple(size)]
+    return out
+
+
+def largest_size(result: dict) -> tuple:
+    return max((tuple(r["size"]) for r in rows(result)), key=lambda s: np.prod(s))
+
+
+def device_label(result: dict) -> str:
+    d = result["meta"]["device"]
+    return d.get("name", "?")
+
+
+def caption(result: dict) -> str:
+    m = result["meta"]
+    return (f"{result['op']} on {device_label(result)}, {result['dtype']}, measured {m['date'][:10]} "
+            f"(numba {m['versions'].get('numba', '?')}); medians of {rows(result)[0]['repeats']}+ runs.")
+
+
+def bench_table(result: dict, size=None, columns=("variant", "rung", "median", "GFLOP/s", "GB/s", "frac", "vs_base")) -> str:
+    """A Markdown table of one benchmark file (all sizes, or one)."""
+    memory = result.get("kind") == "memory"
+    header = {"variant": "variant", "rung": "rung", "size": "size", "median": "median time",
+              "GFLOP/s": "GFLOP/s", "GB/s": "GB/s", "frac": "% of copy BW" if memory else "% of compute yardstick",
+              "vs_base": "speed vs baseline"}
+    cols = list(columns)
+    if size is None and len({tuple(r["size"]) for r in rows(result)}) > 1:
+        cols.insert(0, "size")
+    lines = ["| " + " | ".join(header[c] for c in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows(result, size):
+        frac = r.get("frac_copy_bw") if memory else r.get("frac_compute_peak")
+        cell = {"variant": f"`{r['variant']}`", "rung": "baseline" if r["baseline"] else str(r["rung"]),
+                "size": r["size_label"], "median": _fmt_time(r["median_s"]), "GFLOP/s": f"{r['gflops']:,.1f}",
+                "GB/s": f"{r['gbps']:,.1f}", "frac": f"{100 * frac:.1f} %" if frac is not None else "–",
+                "vs_base": f"{r['vs_baseline']:.2f}×" if "vs_baseline" in r else "–"}
+        lines.append("| " + " | ".join(cell[c] for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def show_table(result: dict, **kw) -> None:
+    from IPython.display import Markdown, display
+
+    display(Markdown(bench_table(result, **kw)))
+
+
+def _fmt_time(s: float) -> str:
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def scaling(result: dict, ax=None, metric: str = "gbps", title: str | None = None):
+    """Throughput against problem size for every variant, with the measured copy bandwidth as a line.
+    The rising left part is overhead-bound; the flat right part is bandwidth-bound."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    by_var: dict[str, list] = {}
+    for r in rows(result):
+        by_var.setdefault(r["variant"], []).append(r)
+    for name, rs in by_var.items():
+        rs.sort(key=lambda r: np.prod(r["size"]))
+        x = [np.prod(r["size"]) for r in rs]
+        ax.plot(x, [r[metric] for r in rs], "o-" if not rs[0]["baseline"] else "s--", label=name)
+    peaks = result.get("peaks") or {}
+    if metric == "gbps" and peaks.get("copy_gbps"):
+        ax.axhline(peaks["copy_gbps"], color="k", lw=1, ls=":")
+        ax.annotate(f"copy {peaks['copy_gbps']:.0f} GB/s", (ax.get_xlim()[0], peaks["copy_gbps"]),
+                    xytext=(4, 4), textcoords="offset points", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("elements" if len(rows(result)[0]["size"]) == 1 else "problem size (product of dims)")
+    ax.set_ylabel({"gbps": "GB/s (useful bytes / time)", "gflops": "GFLOP/s"}[metric])
+    ax.set_title(title or f"{result['op']} on {device_label(result)}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def roofline(results, ax=None, title: str | None = None, size=None, annotate: bool = True):
+    """A roofline: performance (GFLOP/s) against arithmetic intensity (FLOP/byte), log-log.
+
+    The ceilings are the copy bandwidth and the compute yardstick measured in the first result's run.
+    Each variant is drawn at one size (``size``, default the largest in each file).
+    """
+    import matplotlib.pyplot as plt
+
+    results = results if isinstance(results, (list, tuple)) else [results]
+    ax = ax or plt.subplots(figsize=(7, 4.5))[1]
+    peaks = results[0].get("peaks") or {}
+    bw, comp = peaks.get("copy_gbps"), peaks.get("compute_gflops")
+    pts = []
+    for res in results:
+        s = size if size is not None else largest_size(res)
+        for r in rows(res, s):
+            pts.append((r["flops"] / r["bytes"], r["gflops"], f"{res['op']}/{r['variant']}", r["baseline"]))
+    ai = np.array([p[0] for p in pts] + [1e-2, 1e2])
+    x = np.logspace(np.log10(ai.min() / 2), np.log10(ai.max() * 2), 200)
+    if bw:
+        roof = bw * x if not comp else np.minimum(bw * x, comp)
+        ax.plot(x, roof, "k-", lw=1.5, label=f"roof: {bw:.0f} GB/s copy" + (f", {comp:,.0f} GFLOP/s" if comp else ""))
+        if comp:
+            ax.axvline(comp / bw, color="k", ls=":", lw=0.8)
+            ax.annotate(f"ridge {comp / bw:.1f} FLOP/B", (comp / bw, comp), xytext=(4, -14),
+                        textcoords="offset points", fontsize=8)
+    for a, g, label, base in pts:
+        ax.loglog(a, g, "s" if base else "o", ms=7, mfc="none" if base else None, label=label)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title(title or f"Roofline on {device_label(results[0])}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
+def show(fn, *, title: str | None = None) -> None:
+    """Display the source of a kernel or launcher (unwrapping registry/numba wrappers) in a notebook."""
+    from IPython.display import Markdown, display
+
+    f = getattr(fn, "__wrapped_launcher__", fn)
+    for attr in ("py_func", "fn"):
+        f = getattr(f, attr, f)
+    src = inspect.getsource(f)
+    display(Markdown((f"**{title}**\n\n" if title else "") + f"```python\n{src.rstrip()}\n```"))
