@@ -84,6 +84,13 @@ GPU_VARIANTS_RUN = MODE in ("gpu", "sim")  # GPU variants are executed (really o
 
 from numba import cuda  # noqa: E402  (must follow the selection above)
 
+if MODE == "gpu":  # small check sizes launch tiny grids on purpose; numba warns about each one
+    import warnings
+
+    from numba.core.errors import NumbaPerformanceWarning
+
+    warnings.filterwarnings("ignore", category=NumbaPerformanceWarning, message=".*[Gg]rid size")
+
 _announced = False
 
 
