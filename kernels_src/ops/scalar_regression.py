@@ -1,0 +1,336 @@
+"""regression_grad: the loss of y_hat = w*x + b and its two gradients, over a batch (chapter 2).
+
+Shapes: w, b scalars; x (n,), y (n,) -> loss (1,), dw (1,), db (1,)
+
+    r_i  = w*x_i + b - y_i                 the forward pass and the error, one per sample
+    loss = (1/n) * sum_i r_i^2             mean squared error
+    dw   = (2/n) * sum_i r_i * x_i         dL/dw
+    db   = (2/n) * sum_i r_i               dL/db
+
+Cost:   about 8n FLOPs (3 for r, 2 for r^2 and its sum, 2 for r*x and its sum, 1 for the sum of r);
+        8n bytes must move (read x and y once, float32), the three outputs are nothing. One FLOP per
+        byte: memory-bound everywhere. The interesting part is the *reduction*: n numbers become 3.
+
+Ladder
+  cpu/numpy            baseline: vectorised NumPy; builds r, r*r and r*x as temporaries (5 passes)
+  cpu/loop      rung 1 one @njit loop, float64 accumulators: one pass over x and y, no temporaries
+  cpu/prange    rung 2 the same loop with prange: numba splits the sums over cores and adds the parts
+  gpu/atomic    rung 1 the first @cuda.jit kernel: one thread per sample; every thread atomically
+                       adds its three terms to the same three addresses in global memory
+  gpu/twopass   rung 2 each block sums its samples in shared memory (a tree); a second, one-block
+                       kernel adds the per-block partial sums. Deterministic, needs a scratch buffer
+  gpu/blockatomic rung 3 the same per-block tree, then one atomic per block (not per sample) finishes
+                       the sum in a single launch. The order of the final additions varies run to run
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ..device import ceil_div, cuda
+from ..registry import define_op, register
+
+
+def reference(w, b, x, y):
+    """float64 oracle: the formulas above, written the obvious way."""
+    n = x.shape[0]
+    r = w * x + b - y
+    return (np.array([np.sum(r * r) / n]), np.array([2.0 * np.sum(r * x) / n]),
+            np.array([2.0 * np.sum(r) / n]))
+
+
+def make_data(n, rng, w_true=1.5, b_true=-0.5, noise=0.3, dtype=np.float32):
+    """The chapter's data set: x uniform on [-2, 2], y = 1.5 x - 0.5 plus Gaussian noise."""
+    x = rng.uniform(-2.0, 2.0, n)
+    y = w_true * x + b_true + noise * rng.standard_normal(n)
+    return x.astype(dtype), y.astype(dtype)
+
+
+def make_inputs(size, dtype, rng):
+    """A batch and a model that is far from the fit (w <= 0.5, b >= 0.5), so that neither gradient
+    is close to zero: a relative tolerance then means something, with no cancellation to hide behind."""
+    (n,) = size
+    x, y = make_data(n, rng, dtype=dtype)
+    w = dtype.type(rng.uniform(-1.0, 0.5))
+    b = dtype.type(rng.uniform(0.5, 1.5))
+    return w, b, x, y
+
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def tolerance(size, dtype):
+    """float32 sums of n terms: a running sum that grows linearly collects rounding errors of random
+    sign, about eps*sqrt(n) relative to the result in total (the GPU variants add in an order that
+    depends on the schedule). We allow 8x that, plus the float32 default for small n. At n = 65537
+    this is rtol 1.3e-4; at n = 1e6, 5e-4. float64 inputs keep float64's default."""
+    if np.dtype(dtype) != np.float32:
+        return None
+    (n,) = size
+    slack = 8 * EPS32 * math.sqrt(n)
+    return (1e-5 + slack, 1e-6 + slack)
+
+
+def tolerance_running_sum(size, dtype):
+    """The per-sample atomic kernel is one running float32 sum of n terms, in whatever order the
+    atomics land. Once each term is only a few ulps of the sum, rounding stops being random and the
+    error grows faster than sqrt(n): measured with a shuffled float32 loop, 3.9 eps sqrt(n) at
+    n = 1e6 and 13 eps sqrt(n) at n = 2^24. We allow 16 eps sqrt(n) (rtol 1.9e-3 at n = 1e6)."""
+    if np.dtype(dtype) != np.float32:
+        return None
+    (n,) = size
+    slack = 16 * EPS32 * math.sqrt(n)
+    return (1e-5 + slack, 1e-6 + slack)
+
+
+define_op(
+    "regression_grad", reference=reference, make_inputs=make_inputs, chapter=2,
+    title="y = w*x + b: MSE loss and its gradients dw, db", size_names=("n",), kind="memory",
+    output_names=("loss", "dw", "db"), tol=tolerance,
+    flops=lambda s: 8 * s[0], bytes=lambda s, b: 2 * s[0] * b,
+    sizes={"check": [(1,), (2,), (7,), (255,), (256,), (257,), (1000,), (4099,), (65537,), (1_000_003,)],
+           "check_sim": [(1,), (7,), (257,), (600,)],
+           "bench": [(1 << 10,), (1 << 14,), (1 << 18,), (1 << 22,)],
+           "bench_gpu": [(1 << 10,), (1 << 14,), (1 << 18,), (1 << 22,), (1 << 24,), (1 << 26,)],
+           "bench_sim": [(300,)]},
+)
+
+
+# ------------------------------------------------------------------------------------------ CPU
+@register("regression_grad", "cpu", "numpy", baseline=True, bytes=lambda s, b: 10 * s[0] * b)
+def regression_grad_numpy(loss, dw, db, w, b, x, y):
+    """NumPy: r = w*x + b - y, then three reductions. r and r*x are full-length temporaries, so about
+    10n elements move instead of 2n; each sum is a separate pass."""
+    n = x.shape[0]
+    r = w * x + b - y
+    loss[0] = np.dot(r, r) / n
+    dw[0] = 2 * np.dot(r, x) / n
+    db[0] = 2 * np.sum(r, dtype=np.float64) / n
+
+
+@njit(cache=True)
+def _regression_loop(loss, dw, db, w, b, x, y):
+    n = x.shape[0]
+    s_rr = 0.0  # a Python float: numba makes these float64 accumulators
+    s_rx = 0.0
+    s_r = 0.0
+    for i in range(n):
+        r = w * x[i] + b - y[i]
+        s_rr += r * r
+        s_rx += r * x[i]
+        s_r += r
+    loss[0] = s_rr / n
+    dw[0] = 2.0 * s_rx / n
+    db[0] = 2.0 * s_r / n
+
+
+@register("regression_grad", "cpu", "loop", rung=1)
+def regression_grad_loop(loss, dw, db, w, b, x, y):
+    """One compiled loop that computes r and adds it into three float64 accumulators: a single pass,
+    2n elements read, no temporaries. Predicted: ~5x fewer bytes than NumPy, so up to ~5x faster on
+    arrays larger than the caches (less where NumPy's SIMD sums win on small ones)."""
+    _regression_loop(loss, dw, db, w, b, x, y)
+
+
+@njit(parallel=True, cache=True)
+def _regression_prange(loss, dw, db, w, b, x, y):
+    n = x.shape[0]
+    s_rr = 0.0
+    s_rx = 0.0
+    s_r = 0.0
+    for i in prange(n):  # numba sees the += on scalars and makes each one a parallel reduction
+        r = w * x[i] + b - y[i]
+        s_rr += r * r
+        s_rx += r * x[i]
+        s_r += r
+    loss[0] = s_rr / n
+    dw[0] = 2.0 * s_rx / n
+    db[0] = 2.0 * s_r / n
+
+
+@register("regression_grad", "cpu", "prange", rung=2)
+def regression_grad_prange(loss, dw, db, w, b, x, y):
+    """prange: each core sums a chunk into private accumulators, then the parts are added. Predicted:
+    up to cores x the loop on large n; slower than the loop on small n, where starting the threads
+    (microseconds) costs more than the work."""
+    _regression_prange(loss, dw, db, w, b, x, y)
+
+
+# ------------------------------------------------------------------------------------------ GPU
+THREADS = 256  # threads per block; a power of two, which the shared-memory tree needs
+MAX_BLOCKS = 1024  # the grid-stride kernels never launch more blocks than this
+OUT_SIG = "float32[::1], float32[::1], float32[::1]"
+IN_SIG = "float32, float32, float32[::1], float32[::1]"
+
+
+@cuda.jit
+def zero3_kernel(loss, dw, db):
+    """Atomics add into the outputs, so something must set them to 0 first (one thread)."""
+    if cuda.grid(1) == 0:
+        loss[0] = 0.0
+        dw[0] = 0.0
+        db[0] = 0.0
+
+
+@cuda.jit
+def regression_atomic_kernel(loss, dw, db, w, b, x, y):
+    i = cuda.grid(1)  # this thread's sample: blockIdx.x * blockDim.x + threadIdx.x
+    n = x.size
+    if i < n:  # the bounds guard: the last block runs past the end when n % 256 != 0
+        r = w * x[i] + b - y[i]
+        inv_n = np.float32(1.0) / np.float32(n)
+        cuda.atomic.add(loss, 0, r * r * inv_n)
+        cuda.atomic.add(dw, 0, np.float32(2.0) * r * x[i] * inv_n)
+        cuda.atomic.add(db, 0, np.float32(2.0) * r * inv_n)
+
+
+@register("regression_grad", "gpu", "atomic", rung=1, tol=tolerance_running_sum,
+          ptx=[(zero3_kernel, f"void({OUT_SIG})"), (regression_atomic_kernel, f"void({OUT_SIG}, {IN_SIG})")])
+def regression_grad_atomic(loss, dw, db, w, b, x, y):
+    """One thread per sample, ceil(n/256) blocks of 256; each thread does 3 atomic adds to the same 3
+    addresses. The loads coalesce, but the atomics on one address are serialised in the L2 cache:
+    predicted ~3n atomic operations at roughly one per clock per address, i.e. ~n ns, far below
+    the memory system's rate once n is large."""
+    zero3_kernel[1, 1](loss, dw, db)
+    regression_atomic_kernel[ceil_div(x.size, THREADS), THREADS](loss, dw, db, w, b, x, y)
+
+
+@cuda.jit
+def regression_partials_kernel(partials, w, b, x, y):
+    t = cuda.threadIdx.x
+    # 1. each thread sums its samples (a grid-stride loop: thread i takes i, i + gridsize, ...)
+    s_rr = np.float32(0.0)
+    s_rx = np.float32(0.0)
+    s_r = np.float32(0.0)
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        r = w * x[i] + b - y[i]
+        s_rr += r * r
+        s_rx += r * x[i]
+        s_r += r
+    # 2. the block's 256 threads add their sums in shared memory, halving the count at each step
+    sh = cuda.shared.array((3, THREADS), dtype=np.float32)
+    sh[0, t] = s_rr
+    sh[1, t] = s_rx
+    sh[2, t] = s_r
+    cuda.syncthreads()
+    step = THREADS // 2
+    while step > 0:  # 256 -> 128 -> ... -> 1 values; half the threads idle at each level
+        if t < step:
+            sh[0, t] += sh[0, t + step]
+            sh[1, t] += sh[1, t + step]
+            sh[2, t] += sh[2, t + step]
+        cuda.syncthreads()
+        step //= 2
+    # 3. one thread per block writes the block's three sums
+    if t == 0:
+        blk = cuda.blockIdx.x
+        partials[0, blk] = sh[0, 0]
+        partials[1, blk] = sh[1, 0]
+        partials[2, blk] = sh[2, 0]
+
+
+@cuda.jit
+def regression_finish_kernel(loss, dw, db, partials, n):
+    """The second pass: a single block adds the per-block partial sums and scales them."""
+    sh = cuda.shared.array((3, THREADS), dtype=np.float32)
+    t = cuda.threadIdx.x
+    a0 = np.float32(0.0)
+    a1 = np.float32(0.0)
+    a2 = np.float32(0.0)
+    for j in range(t, partials.shape[1], cuda.blockDim.x):
+        a0 += partials[0, j]
+        a1 += partials[1, j]
+        a2 += partials[2, j]
+    sh[0, t] = a0
+    sh[1, t] = a1
+    sh[2, t] = a2
+    cuda.syncthreads()
+    step = THREADS // 2
+    while step > 0:
+        if t < step:
+            sh[0, t] += sh[0, t + step]
+            sh[1, t] += sh[1, t + step]
+            sh[2, t] += sh[2, t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        inv_n = np.float32(1.0) / np.float32(n)
+        loss[0] = sh[0, 0] * inv_n
+        dw[0] = np.float32(2.0) * sh[1, 0] * inv_n
+        db[0] = np.float32(2.0) * sh[2, 0] * inv_n
+
+
+_scratch: dict = {}
+
+
+def partials_buffer(blocks: int):
+    """The (3, blocks) scratch array of the two-pass reduction, allocated once per size and reused
+    (cudaMalloc costs more than the whole kernel at small n)."""
+    buf = _scratch.get(blocks)
+    if buf is None:
+        buf = _scratch[blocks] = cuda.device_array((3, blocks), dtype=np.float32)
+    return buf
+
+
+def reduction_blocks(n: int) -> int:
+    return max(1, min(ceil_div(n, THREADS), MAX_BLOCKS))
+
+
+@register("regression_grad", "gpu", "twopass", rung=2,
+          ptx=[(regression_partials_kernel, f"void(float32[:, ::1], {IN_SIG})"),
+               (regression_finish_kernel, f"void({OUT_SIG}, float32[:, ::1], int64)")])
+def regression_grad_twopass(loss, dw, db, w, b, x, y):
+    """Per-block shared-memory trees (pass 1), then one block adds the <= 1024 partials (pass 2).
+    No atomics: 3 global writes per block instead of 3 atomics per sample. Predicted: close to copy
+    bandwidth for large n (the data is read once; the tree is ~log2(256) = 8 steps in shared
+    memory), and a fixed cost of two launches (~2 x a few microseconds) for small n."""
+    n = x.size
+    blocks = reduction_blocks(n)
+    part = partials_buffer(blocks)
+    regression_partials_kernel[blocks, THREADS](part, w, b, x, y)
+    regression_finish_kernel[1, THREADS](loss, dw, db, part, n)
+
+
+@cuda.jit
+def regression_blockatomic_kernel(loss, dw, db, w, b, x, y):
+    t = cuda.threadIdx.x
+    # 1. each thread sums its samples (a grid-stride loop: thread i takes i, i + gridsize, ...)
+    s_rr = np.float32(0.0)
+    s_rx = np.float32(0.0)
+    s_r = np.float32(0.0)
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        r = w * x[i] + b - y[i]
+        s_rr += r * r
+        s_rx += r * x[i]
+        s_r += r
+    # 2. the block's 256 threads add their sums in shared memory, halving the count at each step
+    sh = cuda.shared.array((3, THREADS), dtype=np.float32)
+    sh[0, t] = s_rr
+    sh[1, t] = s_rx
+    sh[2, t] = s_r
+    cuda.syncthreads()
+    step = THREADS // 2
+    while step > 0:  # 256 -> 128 -> ... -> 1 values; half the threads idle at each level
+        if t < step:
+            sh[0, t] += sh[0, t + step]
+            sh[1, t] += sh[1, t + step]
+            sh[2, t] += sh[2, t + step]
+        cuda.syncthreads()
+        step //= 2
+    # 3. one atomic per block and output, instead of one per sample
+    if t == 0:
+        inv_n = np.float32(1.0) / np.float32(x.size)
+        cuda.atomic.add(loss, 0, sh[0, 0] * inv_n)
+        cuda.atomic.add(dw, 0, np.float32(2.0) * sh[1, 0] * inv_n)
+        cuda.atomic.add(db, 0, np.float32(2.0) * sh[2, 0] * inv_n)
+
+
+@register("regression_grad", "gpu", "blockatomic", rung=3,
+          ptx=[(zero3_kernel, f"void({OUT_SIG})"), (regression_blockatomic_kernel, f"void({OUT_SIG}, {IN_SIG})")])
+def regression_grad_blockatomic(loss, dw, db, w, b, x, y):
+    """The same per-block trees as twopass, but each block's thread 0 finishes with 3 atomics: at most
+    3 x 1024 atomics in all, so contention is negligible, and no scratch buffer or second reduction
+    kernel is needed (only the tiny zeroing launch). Predicted: the same bandwidth as twopass at
+    large n; the result's last bits may differ run to run (the blocks finish in any order)."""
+    zero3_kernel[1, 1](loss, dw, db)
+    regression_blockatomic_kernel[reduction_blocks(x.size), THREADS](loss, dw, db, w, b, x, y)
