@@ -1,0 +1,72 @@
+"""Every registered variant, against its float64 reference, on every size in its sweep.
+
+These tests enumerate the registry, so a chapter that adds a kernel family is tested here with no
+extra code: CPU variants at the op's ``check`` sizes, GPU variants in the simulator at ``check_sim``.
+"""
+import numpy as np
+import pytest
+
+import kernels_src
+from kernels_src import device, parity
+from kernels_src.registry import get_op, ops, variants
+
+
+def _cases():
+    cases = []
+    for v in variants():
+        op = get_op(v.op)
+        for size in parity.default_check_sizes(op, v.backend):
+            for dt in v.dtypes:
+                cases.append(pytest.param(v.key, tuple(size), dt, id=f"{v.key}-{op.size_label(size)}-{dt}"))
+    return cases
+
+
+@pytest.mark.parametrize("key,size,dtype", _cases())
+def test_variant_matches_reference(key, size, dtype):
+    v = kernels_src.get_variant(key)
+    rep = parity.check_variant(v, get_op(v.op), size, dtype, seed=hash((key, size)) % 2**31)
+    if rep.skipped:
+        pytest.skip(rep.skipped)
+    assert rep.ok, str(rep)
+
+
+@pytest.mark.parametrize("name", [o.name for o in ops()])
+def test_op_has_awkward_sizes(name):
+    """Each op's check sweep includes a size with a 1 in it and a dimension that is a prime >= 7."""
+    op = get_op(name)
+    sizes = [tuple(s) for s in op.sizes["check"]]
+
+    def is_prime(n):
+        return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
+
+    assert any(1 in s for s in sizes), f"{name}: no size with a dimension of 1 in {sizes}"
+    assert any(is_prime(d) and d >= 7 for s in sizes for d in s), f"{name}: no prime dimension >= 7 in {sizes}"
+    sim = [tuple(s) for s in op.sizes.get("check_sim", sizes)]
+    assert any(1 in s for s in sim), f"{name}: check_sim has no size with a 1"
+
+
+@pytest.mark.parametrize("name", [o.name for o in ops()])
+def test_op_reference_is_float64(name):
+    op = get_op(name)
+    inputs = parity.as_tuple(op.make_inputs(tuple(op.sizes["check"][0]), np.dtype("float32"), np.random.default_rng(0)))
+    for out in parity.reference_outputs(op, inputs):
+        if np.issubdtype(out.dtype, np.floating):
+            assert out.dtype == np.float64, f"{name}: reference returned {out.dtype}"
+
+
+@pytest.mark.parametrize("key", [v.key for v in variants()])
+def test_variant_is_documented_and_compilable(key):
+    v = kernels_src.get_variant(key)
+    assert v.summary, f"{key}: the docstring must say what this rung changes"
+    if v.backend == "gpu" and not v.baseline:
+        assert v.ptx, f"{key}: list its kernels with register(..., ptx=[(kernel, signature)])"
+
+
+def test_registry_has_both_backends():
+    backends = {v.backend for v in variants()}
+    assert backends == {"cpu", "gpu"}
+
+
+def test_simulated_gpu_variants_really_ran():
+    """In CI the GPU variants must run (simulated), not be skipped wholesale."""
+    assert device.GPU_VARIANTS_RUN or device.MODE == "cpu"
