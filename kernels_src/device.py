@@ -146,3 +146,14 @@ def needs_real_gpu() -> tuple[bool, str]:
     if MODE != "gpu":
         return False, "warp shuffles need a real GPU (the CUDA simulator has no shfl_*_sync)"
     return True, ""
+
+
+def banner() -> None:
+    """The one line every chapter prints first: where this page's GPU code runs, and why."""
+    if MODE == "gpu":
+        print(f"GPU code on this page runs on the real GPU: {describe()['name']}.")
+    elif MODE == "sim":
+        print(f"GPU code on this page runs in the CUDA simulator, at small sizes ({REASON}). "
+              "GPU timings shown are measured results loaded from book/data/bench/.")
+    else:
+        print(f"GPU code on this page is skipped ({REASON}).")
