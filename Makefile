@@ -24,8 +24,18 @@ $(STAMP): pyproject.toml requirements.lock
 
 venv: $(STAMP)
 
+# The execution cache (_build/.jupyter_cache) re-executes a page only when its code cells change. It
+# cannot see changes to the library or to the benchmark data the pages read, so those clear it.
+BOOK_DEPS = $(sort $(shell find kernels_src book/data -type f \( -name '*.py' -o -name '*.json' \) 2>/dev/null))
+
 book: $(STAMP)
-	$(BIN)/jupyter-book build . --path-output . -W -n --keep-going
+	@mkdir -p _build; key=$$(cat $(BOOK_DEPS) /dev/null | sha256sum | cut -c1-16); \
+	if [ "$$(cat _build/.book_deps 2>/dev/null)" != "$$key" ]; then \
+	    if [ -d _build/.jupyter_cache ]; then echo "kernels_src/ or book/data/ changed: every page is re-executed"; fi; \
+	    rm -rf _build/.jupyter_cache _build/.doctrees; echo "$$key" > _build/.book_deps; fi
+	@# On failure, forget the parsed pages: Sphinx would otherwise not re-read (and re-report) them.
+	JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter-book build . --path-output . -W -n --keep-going \
+	    || { rm -rf _build/.doctrees; echo "make book: the build failed (warnings are errors)" >&2; exit 1; }
 	@echo
 	@echo "The course site is in _build/html. To read it:"
 	@echo "    $(BIN)/python -m http.server -d _build/html   # then open http://localhost:8000"
@@ -33,8 +43,9 @@ book: $(STAMP)
 test: book
 	$(BIN)/python -m pytest -n auto
 
+# .jupyter/labconfig makes JupyterLab open the jupytext .md notebooks as notebooks on a double click.
 lab: $(STAMP)
-	$(BIN)/jupyter lab --notebook-dir=.
+	JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter lab --notebook-dir=.
 
 check: $(STAMP)
 	$(BIN)/python -m kernels_src check

@@ -1,0 +1,24 @@
+"""Sphinx extension for the course site (loaded through `_config.yml`, `sphinx.local_extensions`).
+
+Jupyter Book 1 always loads sphinx-thebe. Its inline configuration script ends up twice on every page
+("Identifier 'THEBE_JS_URL' has already been declared" in the console), and the thebe loader would fetch
+thebe from unpkg when clicked. Thebe is off for this site (it must work offline), so both scripts are
+removed from every page.
+"""
+from __future__ import annotations
+
+
+def _is_thebe(js) -> bool:
+    name = str(getattr(js, "filename", js) or "")
+    body = (getattr(js, "attributes", None) or {}).get("body", "") or ""
+    return "sphinx-thebe" in name or "THEBE_JS_URL" in body
+
+
+def _strip_thebe(app, pagename, templatename, context, doctree):
+    if "script_files" in context:
+        context["script_files"] = [js for js in context["script_files"] if not _is_thebe(js)]
+
+
+def setup(app):
+    app.connect("html-page-context", _strip_thebe, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,199 @@
+"""The built site, read as a reader would: every page in headless Chromium, offline.
+
+`make test` builds the book first (`make book`), then this test serves `_build/html` on 127.0.0.1 and
+drives Debian's Chromium (`/usr/bin/chromium`, installed by `.ci/run`) with pip's playwright. For every
+page it asserts:
+
+- no console errors and no uncaught page errors;
+- no failed request and no HTTP error status;
+- no request leaves 127.0.0.1 (such requests are blocked and reported: the site must work offline);
+- every image has loaded (naturalWidth > 0);
+- MathJax typeset every math element, without a MathJax error;
+- every widget snapshot rendered (a page with saved widget state shows rendered widget DOM);
+- every internal link resolves (target file exists, and the #fragment exists in it).
+
+A full-page screenshot of each page goes to `_build/screenshots/` (look at them: a passing test can still
+look wrong). Set KFS_SITE_DIR to test another built site.
+"""
+from __future__ import annotations
+
+import functools
+import html
+import http.server
+import os
+import re
+import threading
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = Path(os.environ.get("KFS_SITE_DIR", ROOT / "_build" / "html")).resolve()
+SHOTS = SITE.parent / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+# Generated pages that are not content (the index.html at the root only redirects to the intro).
+NOT_CONTENT = {"index.html", "genindex.html", "search.html", "py-modindex.html"}
+SKIP_DIRS = {"_static", "_sources", "_images", "reports", "jupyter_execute", "_downloads"}
+
+pytestmark = pytest.mark.browser
+
+
+def _pages() -> list[str]:
+    if not (SITE / "index.html").is_file():
+        return []
+    pages = []
+    for p in sorted(SITE.rglob("*.html")):
+        rel = p.relative_to(SITE)
+        if rel.parts[0] in SKIP_DIRS or rel.as_posix() in NOT_CONTENT or any(x.startswith(".") for x in rel.parts):
+            continue
+        pages.append(rel.as_posix())
+    return pages
+
+
+PAGES = _pages()
+
+
+# --------------------------------------------------------------------------------------------- fixtures
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep pytest's output clean
+        pass
+
+
+@pytest.fixture(scope="session")
+def site_url():
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"{SITE} has no built site: run `make book` first (`make test` does it for you)")
+    handler = functools.partial(_QuietHandler, directory=str(SITE))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's Chromium with `apt-get install -y chromium` "
+                    "(.ci/run does this in CI)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+# ------------------------------------------------------------------------------------------ link checks
+@functools.lru_cache(maxsize=None)
+def _ids(path: Path) -> frozenset[str]:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return frozenset(html.unescape(m) for m in re.findall(r'\b(?:id|name)="([^"]+)"', text))
+
+
+def _broken_link(href: str, base: str) -> str | None:
+    """Why an internal link does not resolve, or None when it does."""
+    parts = urlsplit(href)
+    if f"{parts.scheme}://{parts.netloc}" != base:
+        return None  # external (not checked here; requests to it are blocked anyway) or mailto:
+    path = unquote(parts.path)
+    target = SITE / path.lstrip("/")
+    if path.endswith("/") or target.is_dir():
+        target = target / "index.html"
+    if not target.is_file():
+        return f"{href}: no such file {target.relative_to(SITE) if target.is_relative_to(SITE) else target}"
+    frag = unquote(parts.fragment)
+    if frag and target.suffix == ".html" and frag not in _ids(target):
+        return f"{href}: no element with id {frag!r} in {target.relative_to(SITE)}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ test
+_WAIT_RENDERED = """() => {
+  const mathOk = !document.querySelector('.math') ||
+      (window.MathJax && MathJax.startup && MathJax.startup.document &&
+       Array.from(document.querySelectorAll('.math')).every(e => e.querySelector('mjx-container')));
+  const views = document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]');
+  const widgetsOk = Array.from(views).every(s => s.parentElement.querySelector('.jupyter-widgets'));
+  return mathOk && widgetsOk;
+}"""
+
+_INSPECT = """async () => {
+  const imgs = Array.from(document.images);
+  imgs.forEach(i => { i.loading = 'eager'; });
+  await Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = i.onerror = r; })));
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
+  const views = Array.from(document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]'));
+  return {
+    badImages: imgs.filter(i => !i.complete || i.naturalWidth === 0).map(i => i.getAttribute('src')),
+    mathCount: document.querySelectorAll('.math').length,
+    mathUntypeset: Array.from(document.querySelectorAll('.math'))
+        .filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 80)),
+    mathErrors: Array.from(document.querySelectorAll('mjx-merror'))
+        .map(e => (e.getAttribute('data-mjx-error') || e.textContent).slice(0, 120)),
+    hasWidgetState: !!document.querySelector('script[type="application/vnd.jupyter.widget-state+json"]'),
+    widgetViews: views.length,
+    widgetsUnrendered: views.filter(s => !s.parentElement.querySelector('.jupyter-widgets'))
+        .map(s => s.textContent.slice(0, 120)),
+    widgetErrors: Array.from(document.querySelectorAll('.jupyter-widgets .widget-error, .jupyter-widgets-error-widget'))
+        .map(e => e.textContent.slice(0, 120)),
+    links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+  };
+}"""
+
+
+@pytest.mark.parametrize("page", PAGES or ["<no built site>"])
+def test_page(page, site_url, browser):
+    assert PAGES, f"no pages found under {SITE}: run `make book` first"
+    problems: list[str] = []
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    try:
+        def route(r):
+            host = urlsplit(r.request.url).hostname
+            if r.request.url.startswith(("data:", "blob:")) or host == "127.0.0.1":
+                r.continue_()
+            else:
+                problems.append(f"request leaves 127.0.0.1: {r.request.url}")
+                r.abort()
+
+        context.route("**/*", route)
+        p = context.new_page()
+        p.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text} @ {m.location}"))
+        p.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        p.on("requestfailed", lambda r: urlsplit(r.url).hostname == "127.0.0.1"
+             and problems.append(f"request failed: {r.url} ({r.failure})"))
+        p.on("response", lambda r: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
+
+        p.goto(f"{site_url}/{page}", wait_until="load")
+        try:
+            p.wait_for_function(_WAIT_RENDERED, timeout=20_000)
+        except Exception:  # reported in detail below
+            pass
+        p.wait_for_load_state("networkidle")
+        info = p.evaluate(_INSPECT)
+
+        problems += [f"image did not load: {s}" for s in info["badImages"]]
+        problems += [f"math not typeset by MathJax: {t!r}" for t in info["mathUntypeset"]]
+        problems += [f"MathJax error: {t!r}" for t in info["mathErrors"]]
+        if info["hasWidgetState"] and info["widgetViews"] == 0:
+            problems.append("page has saved widget state but no widget view")
+        problems += [f"widget snapshot not rendered: {t}" for t in info["widgetsUnrendered"]]
+        problems += [f"widget error: {t!r}" for t in info["widgetErrors"]]
+        for href in sorted(set(info["links"])):
+            why = _broken_link(href, site_url)
+            if why:
+                problems.append(f"broken internal link: {why}")
+
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        p.screenshot(path=str(SHOTS / (page.replace("/", "__").removesuffix(".html") + ".png")), full_page=True)
+    finally:
+        context.close()
+    assert not problems, f"{page}:\n  " + "\n  ".join(problems)
