@@ -1,0 +1,850 @@
+"""gemm: C = A @ B, the matrix multiply (chapter 5).
+
+Shapes: A (M,K) @ B (K,N) -> C (M,N), all float32, row-major (C-contiguous). Sizes are written
+        (M, N, K), so ``1024x1024x1024`` on the command line.
+Cost:   2*M*N*K FLOPs. At least (M*K + K*N + M*N) elements must move once, so a square n^3 GEMM does
+        2n^3 FLOPs on 3n^2 * 4 bytes: n/6 FLOP per byte, compute-bound for any n worth measuring. How
+        close a kernel gets to that ideal depends on how often it re-reads A and B: each rung's
+        ``bytes=`` model below counts the global-memory traffic its blocking implies.
+
+Ladder (each rung changes one thing)
+  cpu/numpy          baseline  numpy.matmul (OpenBLAS on the course machines)
+  cpu/ijk            rung 1    three loops, dot-product order: B is walked down a column (stride N)
+  cpu/ikj            rung 2    loop interchange: the inner loop runs along rows of B and C (stride 1)
+  cpu/blocked        rung 3    ikj over cache-sized tiles, so a tile of B is re-used from L1/L2
+  cpu/blocked_par    rung 4    the same tiles, row blocks spread over cores with prange
+  cpu/regblock       rung 5    B transposed once, 4x4 register tile of dot products (16 accumulators)
+  cpu/regblock_par   rung 6    rung 5 with row blocks spread over cores with prange
+  gpu/cublas         baseline  cuBLAS SGEMM through torch, TF32 off (needs torch and a GPU)
+  gpu/naive          rung 1    one thread per C element, threadIdx.x -> row: a warp reads 32 rows of A
+  gpu/coalesced      rung 2    threadIdx.x -> column: a warp reads 128 contiguous bytes of B
+  gpu/smem           rung 3    32x32 tiles of A and B staged in shared memory
+  gpu/blocktile1d    rung 4    64x64 block tile, each thread computes 8 outputs of a column
+  gpu/blocktile2d    rung 5    128x128 block tile, each thread computes an 8x8 register tile
+  gpu/hinted         rung 6    rung 5 plus two compiler hints: tid >= 0 and 16-byte aligned shared arrays
+  gpu/conflictfree   rung 7    padded A tile and a warp-aware thread layout: no shared-memory bank conflicts
+  gpu/dbuf           rung 8    double-buffered shared memory: the next tile loads while this one computes
+  gpu/tuned          rung 9    rung 8 with tile shapes chosen by a sweep on the H100
+
+Numba-specific lessons, each visible in the PTX (see ``ptx_report``): a signed index makes Numba emit
+a negative-index ("wraparound") fix-up for every array access, which blocks vectorised shared-memory
+loads; shared arrays are only 4-byte aligned unless asked; ``cuda.local.array`` with constant indices
+stays in registers.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import float32, njit, prange
+
+from .. import device
+from ..device import ceil_div, cuda
+from ..registry import define_op, register
+
+ITEM = 4  # bytes per float32
+
+
+def reference(A, B):
+    """float64 oracle: C = A @ B."""
+    return A @ B
+
+
+def make_inputs(size, dtype, rng):
+    M, N, K = size
+    A = rng.standard_normal((M, K)).astype(dtype)
+    B = rng.standard_normal((K, N)).astype(dtype)
+    return A, B
+
+
+def gemm_tol(size, dtype):
+    """Tolerance for float32 GEMM with standard-normal inputs.
+
+    Each output is a K-term dot product whose value has typical size sqrt(K). Every one of the K
+    float32 additions rounds with relative error <= eps/2 of a partial sum of size ~sqrt(K), and
+    those errors add like a random walk: typical error ~ sqrt(K) * eps * sqrt(K). We allow 4x that
+    (atol = 4 * sqrt(K) * eps * sqrt(K)), plus rtol 1e-5. A kernel that drops one 8-wide K tile is
+    off by ~sqrt(8) ~ 2.8, thousands of times more, so the check can still fail.
+    """
+    K = size[2]
+    eps = float(np.finfo(np.float32).eps)
+    if np.dtype(dtype) == np.float64:
+        return 1e-10, 1e-12 * K
+    return 1e-5, 4.0 * np.sqrt(K) * eps * np.sqrt(K) + 1e-6
+
+
+def min_bytes(s, b):
+    M, N, K = s
+    return (M * K + K * N + M * N) * b
+
+
+define_op(
+    "gemm", reference=reference, make_inputs=make_inputs, chapter=5, title="GEMM: C = A @ B",
+    size_names=("M", "N", "K"), kind="compute", output_names=("C",), tol=gemm_tol,
+    flops=lambda s: 2 * s[0] * s[1] * s[2], bytes=min_bytes,
+    sizes={
+        # 1, primes, non-multiples of every tile (8, 32, 64, 128), and one that spans several 128-tiles
+        "check": [(1, 1, 1), (7, 5, 3), (1, 33, 17), (33, 17, 9), (64, 64, 64), (129, 131, 17),
+                  (257, 383, 129), (517, 389, 263)],
+        # the simulator runs one Python thread per CUDA thread: keep these tiny
+        "check_sim": [(1, 1, 1), (7, 5, 3), (33, 17, 9)],
+        "bench": [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024)],
+        "bench_gpu": [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)],
+        "bench_sim": [(33, 17, 9)],
+    },
+)
+
+
+def tile_bytes(BM, BN):
+    """Global-memory traffic of a kernel whose blocks own BM x BN tiles of C.
+
+    A block reads a BM x K strip of A and a K x BN strip of B, so A is read ceil(N/BN) times and B
+    ceil(M/BM) times; C is written once. Arithmetic intensity ~ 1 / (2 * (1/BM + 1/BN)) FLOP/byte.
+    """
+    def nbytes(s, b):
+        M, N, K = s
+        return (M * K * ceil_div(N, BN) + K * N * ceil_div(M, BM) + M * N) * b
+    nbytes.tile = (BM, BN)
+    return nbytes
+
+
+# ================================================================================================ CPU
+@register("gemm", "cpu", "numpy", baseline=True)
+def gemm_numpy(C, A, B):
+    """numpy.matmul: the machine's BLAS (OpenBLAS here), hand-written assembly micro-kernels."""
+    np.matmul(A, B, out=C)
+
+
+@njit(fastmath=True, cache=True)
+def _gemm_ijk(C, A, B):
+    M, K = A.shape
+    N = B.shape[1]
+    for i in range(M):
+        for j in range(N):
+            acc = np.float32(0.0)
+            for k in range(K):
+                acc += A[i, k] * B[k, j]  # B[k, j] for k = 0, 1, ...: N*4 bytes apart
+            C[i, j] = acc
+
+
+@register("gemm", "cpu", "ijk", rung=1, bytes=lambda s, b: (2 * s[0] * s[1] * s[2] + s[0] * s[1]) * b)
+def gemm_ijk(C, A, B):
+    """Three loops in textbook order: each C[i, j] is a dot product of a row of A and a column of B.
+    The inner loop walks B down a column, one float per 64-byte cache line (and, for N = 1024, one
+    page every 4 rows), so nearly every load misses: predicted ~1 GFLOP/s, hundreds of times below BLAS."""
+    _gemm_ijk(C, A, B)
+
+
+@njit(fastmath=True, cache=True)
+def _gemm_ikj(C, A, B):
+    M, K = A.shape
+    N = B.shape[1]
+    for i in range(M):
+        c = C[i]  # row i of C (N,)
+        c[:] = 0.0
+        for k in range(K):
+            a = A[i, k]
+            b = B[k]  # row k of B (N,), contiguous
+            for j in range(N):
+                c[j] += a * b[j]  # stride-1 in both: the compiler vectorises this loop (AVX)
+
+
+@register("gemm", "cpu", "ikj", rung=2)
+def gemm_ikj(C, A, B):
+    """Loop interchange: for each (i, k), add A[i, k] * (row k of B) into row i of C. Every access in
+    the inner loop is stride 1, so it vectorises and uses whole cache lines. Predicted: ~10x faster
+    than ijk; now limited by streaming all of B through the caches once per row of C."""
+    _gemm_ikj(C, A, B)
+
+
+CPU_BI, CPU_BK, CPU_BJ = 64, 256, 512  # rows of C, depth, columns of C per tile (B tile: 512 KiB)
+
+
+@njit(fastmath=True, cache=True)
+def _blocked_rows(C, A, B, i0, i1):
+    """C[i0:i1] = A[i0:i1] @ B, over BK x BJ tiles of B that stay in L2 while BI rows use them."""
+    K = A.shape[1]
+    N = B.shape[1]
+    for i in range(i0, i1):
+        C[i, :] = 0.0
+    for k0 in range(0, K, CPU_BK):
+        k1 = min(k0 + CPU_BK, K)
+        for j0 in range(0, N, CPU_BJ):
+            j1 = min(j0 + CPU_BJ, N)
+            for i in range(i0, i1):
+                c = C[i, j0:j1]
+                for k in range(k0, k1):
+                    a = A[i, k]
+                    b = B[k, j0:j1]
+                    for j in range(j1 - j0):
+                        c[j] += a * b[j]
+
+
+@njit(fastmath=True, cache=True)
+def _gemm_blocked(C, A, B):
+    M = A.shape[0]
+    for i0 in range(0, M, CPU_BI):
+        _blocked_rows(C, A, B, i0, min(i0 + CPU_BI, M))
+
+
+@register("gemm", "cpu", "blocked", rung=3)
+def gemm_blocked(C, A, B):
+    """Cache blocking: the ikj loops run over a BK x BJ tile of B (256 x 512 floats = 512 KiB, sized for
+    this CPU's 1 MiB L2) while 64 rows of C use it, so each element of B is fetched from memory
+    M/64 times instead of M times. Predicted: 1.5-2x over ikj at 1024^3, where B (4 MiB) no longer fits
+    in L2; no gain at 256^3, where it already did."""
+    _gemm_blocked(C, A, B)
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def _gemm_blocked_par(C, A, B):
+    M = A.shape[0]
+    nb = (M + CPU_BI - 1) // CPU_BI
+    for ib in prange(nb):  # row blocks are independent: each core owns whole rows of C
+        i0 = ib * CPU_BI
+        _blocked_rows(C, A, B, i0, min(i0 + CPU_BI, M))
+
+
+@register("gemm", "cpu", "blocked_par", rung=4)
+def gemm_blocked_par(C, A, B):
+    """Rung 3 with prange over 64-row blocks of C: blocks write disjoint rows, so no locking. Predicted:
+    ~2x on this 2-core machine (each core has its own L2)."""
+    _gemm_blocked_par(C, A, B)
+
+
+MR, NR = 4, 4  # register tile: 4 rows of A x 4 rows of B^T -> 16 dot products in flight
+CPU_KC = 1024  # depth of one pass over the register tiles (4 rows of A + 4 of B^T = 32 KiB: L1-sized)
+CPU_MC = 32  # rows of C per parallel task
+
+
+@njit(fastmath=True, cache=True)
+def _micro_4x4(C, A, Bt, i, j, k0, k1):
+    """C[i:i+4, j:j+4] += A[i:i+4, k0:k1] @ Bt[j:j+4, k0:k1].T with 16 scalar accumulators.
+
+    LLVM vectorises the k loop (16 floats per AVX-512 register), keeping the 16 sums in 16 vector
+    registers: each step loads 8 vectors and does 16 fused multiply-adds. Slicing rows first and
+    looping k from 0 matters: the index is then provably >= 0, so Numba's negative-index fix-up folds
+    away and the loads stay contiguous (with ``A[i, k]`` and k from k0, LLVM emits gathers instead).
+    """
+    a0 = A[i, k0:k1]
+    a1 = A[i + 1, k0:k1]
+    a2 = A[i + 2, k0:k1]
+    a3 = A[i + 3, k0:k1]
+    b0 = Bt[j, k0:k1]
+    b1 = Bt[j + 1, k0:k1]
+    b2 = Bt[j + 2, k0:k1]
+    b3 = Bt[j + 3, k0:k1]
+    s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = np.float32(0.0)
+    s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = np.float32(0.0)
+    for k in range(k1 - k0):
+        x0 = a0[k]
+        x1 = a1[k]
+        x2 = a2[k]
+        x3 = a3[k]
+        y0 = b0[k]
+        y1 = b1[k]
+        y2 = b2[k]
+        y3 = b3[k]
+        s00 += x0 * y0
+        s01 += x0 * y1
+        s02 += x0 * y2
+        s03 += x0 * y3
+        s10 += x1 * y0
+        s11 += x1 * y1
+        s12 += x1 * y2
+        s13 += x1 * y3
+        s20 += x2 * y0
+        s21 += x2 * y1
+        s22 += x2 * y2
+        s23 += x2 * y3
+        s30 += x3 * y0
+        s31 += x3 * y1
+        s32 += x3 * y2
+        s33 += x3 * y3
+    C[i, j] += s00
+    C[i, j + 1] += s01
+    C[i, j + 2] += s02
+    C[i, j + 3] += s03
+    C[i + 1, j] += s10
+    C[i + 1, j + 1] += s11
+    C[i + 1, j + 2] += s12
+    C[i + 1, j + 3] += s13
+    C[i + 2, j] += s20
+    C[i + 2, j + 1] += s21
+    C[i + 2, j + 2] += s22
+    C[i + 2, j + 3] += s23
+    C[i + 3, j] += s30
+    C[i + 3, j + 1] += s31
+    C[i + 3, j + 2] += s32
+    C[i + 3, j + 3] += s33
+
+
+@njit(fastmath=True, cache=True)
+def _edge(C, A, Bt, i0, i1, j0, j1, k0, k1):
+    """The leftover rows/columns (M or N not a multiple of 4): plain dot products."""
+    for i in range(i0, i1):
+        a = A[i, k0:k1]
+        for j in range(j0, j1):
+            b = Bt[j, k0:k1]
+            s = np.float32(0.0)
+            for k in range(k1 - k0):
+                s += a[k] * b[k]
+            C[i, j] += s
+
+
+@njit(fastmath=True, cache=True)
+def _regblock_rows(C, A, Bt, i0, i1):
+    K = A.shape[1]
+    N = Bt.shape[0]
+    C[i0:i1, :] = 0.0
+    i4 = i0 + (i1 - i0) // MR * MR  # rows handled by full 4x4 tiles
+    n4 = N // NR * NR
+    for k0 in range(0, K, CPU_KC):
+        k1 = min(k0 + CPU_KC, K)
+        for j in range(0, n4, NR):
+            for i in range(i0, i4, MR):
+                _micro_4x4(C, A, Bt, i, j, k0, k1)
+        _edge(C, A, Bt, i0, i1, n4, N, k0, k1)  # right edge, all rows
+        _edge(C, A, Bt, i4, i1, 0, n4, k0, k1)  # bottom edge
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def _transpose(Bt, B):
+    K, N = B.shape
+    for j0 in prange((N + 31) // 32):  # 32 x 32 blocks: both sides touch whole cache lines
+        for k0 in range(0, K, 32):
+            for j in range(j0 * 32, min(j0 * 32 + 32, N)):
+                for k in range(k0, min(k0 + 32, K)):
+                    Bt[j, k] = B[k, j]
+
+
+@njit(fastmath=True, cache=True)
+def _gemm_regblock(C, A, Bt):
+    M = A.shape[0]
+    for i0 in range(0, M, CPU_MC):
+        _regblock_rows(C, A, Bt, i0, min(i0 + CPU_MC, M))
+
+
+@register("gemm", "cpu", "regblock", rung=5)
+def gemm_regblock(C, A, B):
+    """Register blocking: copy B^T once (K x N floats, ~2 % of the work at 1024^3), then compute 4x4 tiles
+    of C as 16 dot products at a time. Per 16 floats of k the core loads 8 vectors and does 16 vector
+    FMAs, instead of 1 load + 1 store per FMA in ikj. Predicted: 3-5x over blocked on one core."""
+    Bt = np.empty((B.shape[1], B.shape[0]), dtype=B.dtype)
+    _transpose(Bt, B)
+    _gemm_regblock(C, A, Bt)
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def _gemm_regblock_par(C, A, Bt):
+    M = A.shape[0]
+    nb = (M + CPU_MC - 1) // CPU_MC
+    for ib in prange(nb):
+        i0 = ib * CPU_MC
+        _regblock_rows(C, A, Bt, i0, min(i0 + CPU_MC, M))
+
+
+@register("gemm", "cpu", "regblock_par", rung=6)
+def gemm_regblock_par(C, A, B):
+    """Rung 5 with prange over 32-row blocks of C (and a parallel transpose). Predicted: ~2x rung 5 on 2
+    cores, which should put it within reach of OpenBLAS (goal: >= 70 % of numpy.matmul at 1024^3)."""
+    Bt = np.empty((B.shape[1], B.shape[0]), dtype=B.dtype)
+    _transpose(Bt, B)
+    _gemm_regblock_par(C, A, Bt)
+
+
+# ================================================================================================ GPU
+SIG = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
+# The CUDA simulator refuses ``alignment=`` (and launch bounds); the real compiler needs it for
+# 16-byte vector loads from shared memory. None means "the dtype's natural alignment" (4 bytes).
+SMEM_ALIGN = None if device.SIMULATED else 16
+
+
+def _jit(**opts):
+    """cuda.jit with options the simulator ignores dropped when simulating."""
+    if device.SIMULATED:
+        opts = {k: v for k, v in opts.items() if k in ("fastmath", "device")}
+    return cuda.jit(**opts)
+
+
+# ------------------------------------------------------------------ cuBLAS yardstick (through torch)
+def _torch_gpu():
+    if device.MODE != "gpu":
+        return False, "cuBLAS needs a real GPU"
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed (cuBLAS is reached through torch)"
+    if not torch.cuda.is_available():
+        return False, "torch cannot see a CUDA GPU"
+    return True, ""
+
+
+_TORCH_VIEWS: dict = {}
+
+
+def _as_torch(a):
+    """Zero-copy torch view of a numba device array (cached: the bench calls us hundreds of times)."""
+    import torch
+
+    ptr = a.__cuda_array_interface__["data"][0]
+    key = (ptr, a.shape)
+    t = _TORCH_VIEWS.get(key)
+    if t is None:
+        if len(_TORCH_VIEWS) > 64:
+            _TORCH_VIEWS.clear()
+        t = _TORCH_VIEWS[key] = (torch.as_tensor(a, device="cuda"), a)  # keep a alive with its view
+    return t[0]
+
+
+@register("gemm", "gpu", "cublas", baseline=True, requires=_torch_gpu)
+def gemm_cublas(C, A, B):
+    """cuBLAS SGEMM via torch.matmul with TF32 disabled: true float32 FMAs, NVIDIA's tuned kernels."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.matmul(_as_torch(A), _as_torch(B), out=_as_torch(C))
+
+
+# ------------------------------------------------------------------------------- rungs 1-2: naive
+NAIVE_X, NAIVE_Y = 32, 8  # 256 threads per block; a warp is 32 consecutive threadIdx.x
+
+
+@_jit(fastmath=True)
+def gemm_naive_kernel(C, A, B):
+    M, N = C.shape
+    K = A.shape[1]
+    i = cuda.blockIdx.x * NAIVE_X + cuda.threadIdx.x  # row: the 32 threads of a warp take 32 rows
+    j = cuda.blockIdx.y * NAIVE_Y + cuda.threadIdx.y
+    if i < M and j < N:
+        acc = float32(0.0)
+        for k in range(K):
+            acc += A[i, k] * B[k, j]  # A[i, k]: 32 lanes, 32 rows, 32 separate 32-byte sectors
+        C[i, j] = acc
+
+
+@register("gemm", "gpu", "naive", rung=1, ptx=[(gemm_naive_kernel, SIG)],
+          bytes=lambda s, b: s[0] * s[1] * s[2] * (32 + 32 / 32) + s[0] * s[1] * 32)
+def gemm_naive(C, A, B):
+    """One thread per C element, threadIdx.x -> row i. A warp's 32 loads of A[i, k] hit 32 different
+    rows: 32 sectors of 32 bytes for 128 useful bytes, and its stores of C scatter the same way. The
+    bytes model counts a 32-byte sector per A element and C element. Predicted: far below 1 TFLOP/s."""
+    M, N = C.shape
+    gemm_naive_kernel[(ceil_div(M, NAIVE_X), ceil_div(N, NAIVE_Y)), (NAIVE_X, NAIVE_Y)](C, A, B)
+
+
+@_jit(fastmath=True)
+def gemm_coalesced_kernel(C, A, B):
+    M, N = C.shape
+    K = A.shape[1]
+    j = cuda.blockIdx.x * NAIVE_X + cuda.threadIdx.x  # column: a warp takes 32 adjacent columns
+    i = cuda.blockIdx.y * NAIVE_Y + cuda.threadIdx.y
+    if i < M and j < N:
+        acc = float32(0.0)
+        for k in range(K):
+            acc += A[i, k] * B[k, j]  # A[i, k]: one address, broadcast; B[k, j]: 128 contiguous bytes
+        C[i, j] = acc
+
+
+@register("gemm", "gpu", "coalesced", rung=2, ptx=[(gemm_coalesced_kernel, SIG)],
+          bytes=lambda s, b: s[0] * s[1] * s[2] * b * (1 + 1 / 32) + s[0] * s[1] * b)
+def gemm_coalesced(C, A, B):
+    """Swap the roles of threadIdx.x and y: now a warp's 32 threads share i and take adjacent j, so
+    B[k, j] is one 128-byte transaction and A[i, k] one broadcast. Same FLOPs, ~8x fewer sectors per
+    useful byte. Predicted: several times rung 1, then limited by re-reading A and B from L2
+    (~4 bytes per FMA)."""
+    M, N = C.shape
+    gemm_coalesced_kernel[(ceil_div(N, NAIVE_X), ceil_div(M, NAIVE_Y)), (NAIVE_X, NAIVE_Y)](C, A, B)
+
+
+# ------------------------------------------------------------------------- rung 3: shared tiles
+TILE = 32
+
+
+@_jit(fastmath=True)
+def gemm_smem_kernel(C, A, B):
+    M, N = C.shape
+    K = A.shape[1]
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    i = cuda.blockIdx.y * TILE + ty
+    j = cuda.blockIdx.x * TILE + tx
+    As = cuda.shared.array((TILE, TILE), float32)
+    Bs = cuda.shared.array((TILE, TILE), float32)
+    acc = float32(0.0)
+    for k0 in range(0, K, TILE):
+        # each thread stages one element of each tile; zeros outside the matrix keep the sum exact
+        As[ty, tx] = A[i, k0 + tx] if i < M and k0 + tx < K else float32(0.0)
+        Bs[ty, tx] = B[k0 + ty, j] if k0 + ty < K and j < N else float32(0.0)
+        cuda.syncthreads()  # the whole tile must be written before anyone reads it
+        for kk in range(TILE):
+            acc += As[ty, kk] * Bs[kk, tx]
+        cuda.syncthreads()  # ... and read by everyone before the next iteration overwrites it
+    if i < M and j < N:
+        C[i, j] = acc
+
+
+@register("gemm", "gpu", "smem", rung=3, ptx=[(gemm_smem_kernel, SIG)], bytes=tile_bytes(TILE, TILE))
+def gemm_smem(C, A, B):
+    """Blocks of 32x32 threads stage a 32x32 tile of A and of B in shared memory, then each thread does
+    32 FMAs from it. Every global element is now read N/32 (A) or M/32 (B) times instead of N or M:
+    intensity 8 FLOP/byte. Predicted: 2-4x rung 2; the inner loop now does 2 shared loads per FMA,
+    which caps it far below the FMA peak."""
+    M, N = C.shape
+    gemm_smem_kernel[(ceil_div(N, TILE), ceil_div(M, TILE)), (TILE, TILE)](C, A, B)
+
+
+# ------------------------------------------------------------------------ rung 4: 1D blocktiling
+B1_BM, B1_BN, B1_BK, B1_TM = 64, 64, 8, 8
+B1_NT = B1_BM * B1_BN // B1_TM  # 512 threads: each computes TM outputs of one column
+
+
+@_jit(fastmath=True)
+def gemm_blocktile1d_kernel(C, A, B):
+    M, N = C.shape
+    K = A.shape[1]
+    tid = cuda.threadIdx.x
+    row0 = cuda.blockIdx.y * B1_BM
+    col0 = cuda.blockIdx.x * B1_BN
+    ty = tid // B1_BN  # which group of TM rows (0..7)
+    tx = tid % B1_BN  # which column (0..63)
+    As = cuda.shared.array((B1_BM, B1_BK), float32)
+    Bs = cuda.shared.array((B1_BK, B1_BN), float32)
+    acc = cuda.local.array(B1_TM, float32)  # constant indices only: lives in registers
+    for i in range(B1_TM):
+        acc[i] = 0.0
+    # loader coordinates: the A tile is 64x8 and the B tile 8x64, one element each per thread
+    ar = tid // B1_BK
+    ac = tid % B1_BK
+    br = tid // B1_BN
+    bc = tid % B1_BN
+    for k0 in range(0, K, B1_BK):
+        As[ar, ac] = A[row0 + ar, k0 + ac] if row0 + ar < M and k0 + ac < K else float32(0.0)
+        Bs[br, bc] = B[k0 + br, col0 + bc] if k0 + br < K and col0 + bc < N else float32(0.0)
+        cuda.syncthreads()
+        for kk in range(B1_BK):
+            b = Bs[kk, tx]  # one shared load, re-used TM times from a register
+            for i in range(B1_TM):
+                acc[i] += As[ty * B1_TM + i, kk] * b
+        cuda.syncthreads()
+    for i in range(B1_TM):
+        r = row0 + ty * B1_TM + i
+        if r < M and col0 + tx < N:
+            C[r, col0 + tx] = acc[i]
+
+
+@register("gemm", "gpu", "blocktile1d", rung=4, ptx=[(gemm_blocktile1d_kernel, SIG)],
+          bytes=tile_bytes(B1_BM, B1_BN))
+def gemm_blocktile1d(C, A, B):
+    """Each thread computes 8 outputs down one column (a 64x64 block tile, 512 threads): the B value it
+    loads from shared memory is re-used 8 times from a register, so shared loads per FMA drop from 2
+    to 1.125, and the bigger tile doubles intensity to 16 FLOP/byte. Predicted: ~2x rung 3."""
+    M, N = C.shape
+    gemm_blocktile1d_kernel[(ceil_div(N, B1_BN), ceil_div(M, B1_BM)), B1_NT](C, A, B)
+
+
+# ----------------------------------------------------------------- rungs 5-9: 2D register tiles
+def make_blocktile2d(BM=128, BN=128, BK=8, TM=8, TN=8, hinted=False):
+    """Rung 5 (``hinted=False``) and rung 6 (``hinted=True``): a BM x BN block tile of C, each of the
+    (BM/TM)*(BN/TN) threads owning a TM x TN register tile. A is stored transposed in shared memory
+    (As[k, m]) so a thread's TM values of A are contiguous, like its TN values of B.
+
+    The tile sizes are Python ints captured by the closure, so Numba sees them as compile-time
+    constants: shared and local arrays get static shapes and the TM x TN loops unroll completely.
+    """
+    NT = (BM // TM) * (BN // TN)
+    TC = BN // TN  # threads per row of the thread grid
+    LA = BM * BK // NT  # A-tile elements each thread loads
+    LB = BK * BN // NT
+    align = SMEM_ALIGN if hinted else None
+    assert NT & (NT - 1) == 0 and BM * BK % NT == 0 and BK * BN % NT == 0
+
+    @_jit(fastmath=True)
+    def kernel(C, A, B):
+        M, N = C.shape
+        K = A.shape[1]
+        if hinted:
+            # a no-op (tid < NT) that tells the compiler tid >= 0, so every index built from it is
+            # known non-negative and Numba's negative-index fix-up disappears from the inner loop
+            tid = cuda.threadIdx.x & (NT - 1)
+        else:
+            tid = cuda.threadIdx.x
+        ty = tid // TC
+        tx = tid % TC
+        row0 = cuda.blockIdx.y * BM
+        col0 = cuda.blockIdx.x * BN
+        As = cuda.shared.array((BK, BM), float32, alignment=align)  # transposed: As[k, m] = A[m, k]
+        Bs = cuda.shared.array((BK, BN), float32, alignment=align)
+        acc = cuda.local.array((TM, TN), float32)
+        rm = cuda.local.array(TM, float32)
+        rn = cuda.local.array(TN, float32)
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = 0.0
+        for k0 in range(0, K, BK):
+            for s in range(LA):
+                e = tid + s * NT
+                r = e // BK
+                c = e % BK  # neighbouring threads read neighbouring k of one row of A
+                v = float32(0.0)
+                if row0 + r < M and k0 + c < K:
+                    v = A[row0 + r, k0 + c]
+                As[c, r] = v
+            for s in range(LB):
+                e = tid + s * NT
+                r = e // BN
+                c = e % BN  # neighbouring threads read neighbouring columns of B
+                v = float32(0.0)
+                if k0 + r < K and col0 + c < N:
+                    v = B[k0 + r, col0 + c]
+                Bs[r, c] = v
+            cuda.syncthreads()
+            for kk in range(BK):
+                for i in range(TM):
+                    rm[i] = As[kk, ty * TM + i]
+                for j in range(TN):
+                    rn[j] = Bs[kk, tx * TN + j]
+                for i in range(TM):  # TM*TN FMAs for TM+TN shared loads
+                    for j in range(TN):
+                        acc[i, j] += rm[i] * rn[j]
+            cuda.syncthreads()
+        for i in range(TM):
+            r = row0 + ty * TM + i
+            if r < M:
+                for j in range(TN):
+                    c = col0 + tx * TN + j
+                    if c < N:
+                        C[r, c] = acc[i, j]
+
+    def launch(C, A, B):
+        M, N = C.shape
+        kernel[(ceil_div(N, BN), ceil_div(M, BM)), NT](C, A, B)
+
+    launch.kernel = kernel
+    launch.config = dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, threads=NT)
+    return launch
+
+
+def make_warptile(BM=128, BN=128, BK=8, TM=8, TN=8, pad=4, dbuf=False, wr=4, wc=8, minblocks=None):
+    """Rungs 7-9. Three changes against rung 6, all about shared memory:
+
+    - ``pad``: the transposed A tile gets ``pad`` spare columns (As[k, BM+pad]). Threads that store
+      A[m, k..k+7] into As[k.., m] then hit 32 different banks instead of 4.
+    - warp layout: the 32 lanes of a warp form a ``wr`` x ``wc`` (4 x 8) patch of the thread grid,
+      and each thread's TM x TN tile is split into 4x4 pieces spaced a whole warp-patch apart. A
+      warp's 16-byte loads of A then cover 4 x 16 contiguous bytes and of B 8 x 16: one 128-byte
+      shared-memory wavefront each, with no bank conflicts.
+    - ``dbuf``: two shared buffers; the next tile's global loads are issued into registers before
+      this tile's FMAs, and stored to the other buffer after them, with one barrier per tile.
+    """
+    NT = (BM // TM) * (BN // TN)
+    TR = BM // TM  # thread-grid rows
+    TC = BN // TN  # thread-grid columns
+    LA = BM * BK // NT
+    LB = BK * BN // NT
+    QM = TM // 4  # 4-row pieces per thread
+    QN = TN // 4
+    BMP = BM + pad
+    WPR = TC // wc  # warps across the thread grid
+    NBUF = 2 if dbuf else 1
+    SROWS = NBUF * BK  # shared-array shapes must be compile-time constants: computed here
+    align = SMEM_ALIGN
+    assert wr * wc == 32 and TR % wr == 0 and TC % wc == 0 and TM % 4 == 0 and TN % 4 == 0
+    assert NT & (NT - 1) == 0 and BM * BK % NT == 0 and BK * BN % NT == 0 and BMP % 4 == 0
+    opts = dict(fastmath=True)
+    if minblocks:
+        opts["launch_bounds"] = (NT, minblocks)
+
+    @_jit(**opts)
+    def kernel(C, A, B):
+        M, N = C.shape
+        K = A.shape[1]
+        tid = cuda.threadIdx.x & (NT - 1)  # tells the compiler tid >= 0 (see rung 6)
+        warp = tid // 32
+        lane = tid % 32
+        ty = (warp // WPR) * wr + lane // wc  # thread-grid row of this thread
+        tx = (warp % WPR) * wc + lane % wc
+        row0 = cuda.blockIdx.y * BM
+        col0 = cuda.blockIdx.x * BN
+        # NBUF buffers stacked along the first axis: buffer b holds rows b*BK .. b*BK+BK-1
+        As = cuda.shared.array((SROWS, BMP), float32, alignment=align)  # As[k, m] = A[m, k]
+        Bs = cuda.shared.array((SROWS, BN), float32, alignment=align)
+        acc = cuda.local.array((TM, TN), float32)
+        rm = cuda.local.array(TM, float32)
+        rn = cuda.local.array(TN, float32)
+        ra = cuda.local.array(LA, float32)  # this thread's share of one A tile and one B tile
+        rb = cuda.local.array(LB, float32)
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = 0.0
+        ntiles = (K + BK - 1) // BK
+        # Trip t loads tile t. With double buffering it also computes tile t-1 from the other
+        # buffer, between issuing tile t's global loads and storing them to shared memory.
+        for t in range(ntiles + NBUF - 1):
+            k0 = t * BK
+            if t < ntiles:
+                for s in range(LA):
+                    e = tid + s * NT
+                    r = e // BK
+                    c = e % BK  # neighbouring threads read neighbouring k of one row of A
+                    v = float32(0.0)
+                    if row0 + r < M and k0 + c < K:
+                        v = A[row0 + r, k0 + c]
+                    ra[s] = v
+                for s in range(LB):
+                    e = tid + s * NT
+                    r = e // BN
+                    c = e % BN  # neighbouring threads read neighbouring columns of B
+                    v = float32(0.0)
+                    if k0 + r < K and col0 + c < N:
+                        v = B[k0 + r, col0 + c]
+                    rb[s] = v
+            if not dbuf:  # single buffer: store, wait for everyone, then compute this tile
+                for s in range(LA):
+                    e = tid + s * NT
+                    As[e % BK, e // BK] = ra[s]
+                for s in range(LB):
+                    e = tid + s * NT
+                    Bs[e // BN, e % BN] = rb[s]
+                cuda.syncthreads()
+            if t >= NBUF - 1:
+                kb = ((t - NBUF + 1) & (NBUF - 1)) * BK  # first row of the buffer to compute from
+                for k in range(BK):
+                    kk = kb + (k & (BK - 1))  # "& (BK-1)" = k, but proves kk >= 0 to the compiler
+                    for p in range(QM):
+                        for q in range(4):
+                            rm[p * 4 + q] = As[kk, p * TR * 4 + ty * 4 + q]
+                    for p in range(QN):
+                        for q in range(4):
+                            rn[p * 4 + q] = Bs[kk, p * TC * 4 + tx * 4 + q]
+                    for i in range(TM):
+                        for j in range(TN):
+                            acc[i, j] += rm[i] * rn[j]
+            if dbuf and t < ntiles:  # tile t goes to the buffer nobody is reading
+                sb = (t & 1) * BK
+                for s in range(LA):
+                    e = tid + s * NT
+                    As[sb + e % BK, e // BK] = ra[s]
+                for s in range(LB):
+                    e = tid + s * NT
+                    Bs[sb + e // BN, e % BN] = rb[s]
+            cuda.syncthreads()
+        for p in range(QM):
+            for q in range(4):
+                r = row0 + p * TR * 4 + ty * 4 + q
+                if r < M:
+                    for pn in range(QN):
+                        for qn in range(4):
+                            c = col0 + pn * TC * 4 + tx * 4 + qn
+                            if c < N:
+                                C[r, c] = acc[p * 4 + q, pn * 4 + qn]
+
+    def launch(C, A, B):
+        M, N = C.shape
+        kernel[(ceil_div(N, BN), ceil_div(M, BM)), NT](C, A, B)
+
+    launch.kernel = kernel
+    launch.config = dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, pad=pad, dbuf=dbuf, threads=NT,
+                         warp=(wr, wc), minblocks=minblocks)
+    return launch
+
+
+_bt2d = make_blocktile2d(hinted=False)
+_hinted = make_blocktile2d(hinted=True)
+_cfree = make_warptile(dbuf=False)
+_dbuf = make_warptile(dbuf=True)
+TUNED = dict(BM=128, BN=128, BK=8, TM=8, TN=8, pad=4, dbuf=True)  # replaced by the H100 sweep's winner
+_tuned = make_warptile(**TUNED)
+
+
+def _cfg_bytes(launch):
+    return tile_bytes(launch.config["BM"], launch.config["BN"])
+
+
+@register("gemm", "gpu", "blocktile2d", rung=5, ptx=[(_bt2d.kernel, SIG)], bytes=_cfg_bytes(_bt2d))
+def gemm_blocktile2d(C, A, B):
+    """2D blocktiling: 128x128 block tiles, 256 threads, each computing an 8x8 register tile. Per k a
+    thread loads 8 values of A and 8 of B from shared memory and does 64 FMAs (0.25 loads per FMA, was
+    1.125), and intensity doubles again to 32 FLOP/byte. Predicted: ~2x rung 4, if the compiler keeps
+    the 64 accumulators in registers (the PTX has no .local traffic: it does)."""
+    _bt2d(C, A, B)
+
+
+@register("gemm", "gpu", "hinted", rung=6, ptx=[(_hinted.kernel, SIG)], bytes=_cfg_bytes(_hinted))
+def gemm_hinted(C, A, B):
+    """Rung 5 plus two hints. ``tid = threadIdx.x & 255`` proves tid >= 0, so Numba's negative-index
+    fix-up on every shared-memory index folds away; ``alignment=16`` on the shared arrays lets the
+    8 scalar loads become 2 ld.shared.v4. The PTX shows the effect: 16 loads per k -> 4, ~550 64-bit
+    integer adds -> ~450, 202 registers -> 157. Predicted: ~1.5x rung 5 (the inner loop is now
+    ~80 % FMAs)."""
+    _hinted(C, A, B)
+
+
+@register("gemm", "gpu", "conflictfree", rung=7, ptx=[(_cfree.kernel, SIG)], bytes=_cfg_bytes(_cfree))
+def gemm_conflictfree(C, A, B):
+    """No bank conflicts: the A tile is padded to 132 columns (transposing stores hit 32 banks, not 4)
+    and each warp covers a 4x8 patch of threads whose 4x4 sub-tiles are adjacent, so every 16-byte
+    shared load of a warp is one 128-byte wavefront (rung 6's B loads took two). Predicted: 10-30 %
+    over rung 6, if shared memory was the limiter."""
+    _cfree(C, A, B)
+
+
+@register("gemm", "gpu", "dbuf", rung=8, ptx=[(_dbuf.kernel, SIG)], bytes=_cfg_bytes(_dbuf))
+def gemm_dbuf(C, A, B):
+    """Double buffering: the next tile's 8 global loads per thread go out before this tile's 512 FMAs
+    and land in the second shared buffer afterwards, so global latency hides behind arithmetic and
+    there is one barrier per tile instead of two. Predicted: 10-20 % over rung 7 at 4096^2."""
+    _dbuf(C, A, B)
+
+
+@register("gemm", "gpu", "tuned", rung=9, ptx=[(_tuned.kernel, SIG)], bytes=_cfg_bytes(_tuned))
+def gemm_tuned(C, A, B):
+    """Rung 8's kernel with the tile shape (BM, BN, BK, TM, TN) that won a sweep on the H100 at 4096^2
+    (see ``TUNED`` and book/data/bench/gemm_sweep.json). Predicted: a few % to 20 % over rung 8."""
+    _tuned(C, A, B)
+
+
+SWEEP = [  # candidate shapes for the autotuning sweep (all keep 8x8 or 8x4 register tiles)
+    dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True),
+    dict(BM=128, BN=128, BK=16, TM=8, TN=8, dbuf=True),
+    dict(BM=128, BN=64, BK=16, TM=8, TN=8, dbuf=True),
+    dict(BM=64, BN=128, BK=16, TM=8, TN=8, dbuf=True),
+    dict(BM=128, BN=256, BK=8, TM=8, TN=16, dbuf=True),
+    dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True, minblocks=2),
+    dict(BM=128, BN=128, BK=16, TM=8, TN=8, dbuf=True, minblocks=2),
+    dict(BM=64, BN=64, BK=16, TM=4, TN=8, dbuf=True),
+]
+
+
+def ptx_report(launch_or_kernel, sig=SIG, cc=(9, 0)) -> dict:
+    """Compile a kernel to PTX for sm_90 and count what matters (needs KERNELS_DEVICE=ptx or a GPU).
+
+    Returns counts of vector/scalar shared loads, FMAs, local-memory (spill) traffic and 64-bit adds,
+    plus ptxas's register and spill report when nvJitLink is available (it is, with numba-cuda[cu13]).
+    """
+    k = getattr(launch_or_kernel, "kernel", launch_or_kernel)
+    opts = getattr(k, "targetoptions", {}) or {}
+    kw = {key: opts[key] for key in ("fastmath", "launch_bounds") if opts.get(key) is not None}
+    ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=cc, **kw)
+    counts = {pat: ptx.count(pat) for pat in ("ld.shared.v4.f32", "ld.shared.f32", "st.shared", "ld.global",
+                                               "fma.rn", "ld.local", "st.local", "add.s64", "selp", "bar.sync")}
+    out = {"ptx": ptx, "counts": counts}
+    try:
+        from cuda.bindings import nvjitlink
+
+        h = nvjitlink.create(2, [f"-arch=sm_{cc[0]}{cc[1]}", "-verbose"])
+        data = ptx.encode()
+        nvjitlink.add_data(h, nvjitlink.InputType.PTX, data, len(data), "kernel")
+        nvjitlink.complete(h)
+        buf = bytearray(nvjitlink.get_info_log_size(h))
+        nvjitlink.get_info_log(h, buf)
+        log = buf.decode(errors="replace")
+        out["ptxas"] = [ln.strip() for ln in log.splitlines() if "registers" in ln or "spill" in ln]
+        import re
+
+        m = re.search(r"[Uu]sed (\d+) registers", log)
+        out["registers"] = int(m.group(1)) if m else None
+        m = re.search(r"(\d+) bytes spill stores", log)
+        out["spill_stores"] = int(m.group(1)) if m else None
+        nvjitlink.destroy(h)
+    except Exception as e:  # noqa: BLE001  (the counts above are still useful)
+        out["ptxas_error"] = f"{type(e).__name__}: {e}"
+    return out
