@@ -848,3 +848,68 @@ def ptx_report(launch_or_kernel, sig=SIG, cc=(9, 0)) -> dict:
     except Exception as e:  # noqa: BLE001  (the counts above are still useful)
         out["ptxas_error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def run_sweep(path=None, sizes=((2048, 2048, 2048), (4096, 4096, 4096)), configs=None, repeat=10) -> dict:
+    """Autotuning sweep (real GPU only): check and time every shape in ``SWEEP`` with the bench's own
+    timer (L2 flushed, CUDA events, median), next to cuBLAS, and write the results as JSON."""
+    import json
+
+    from .. import bench
+    from ..parity import check_variant
+    from ..registry import Variant, get_op
+
+    if device.MODE != "gpu":
+        raise RuntimeError("the sweep needs the real GPU")
+    op = get_op("gemm")
+    out = {"meta": bench.environment(), "rows": []}
+    cands = [("cublas", None)] + [(str(c), c) for c in (configs or SWEEP)]
+    for size in sizes:
+        sets = bench._prepare(op, size, "float32", "gpu", 2)
+        for name, cfg in cands:
+            fn = gemm_cublas if cfg is None else make_warptile(**cfg)
+            row = {"config": cfg, "name": name, "size": list(size)}
+            if cfg is not None:
+                v = Variant("gemm", "gpu", "sweep", fn)
+                rep = check_variant(v, op, (517, 389, 263))
+                row["check_ok"] = rep.ok
+                row["registers"] = _one(fn.kernel.get_regs_per_thread())
+                row["local_bytes"] = _one(fn.kernel.get_local_mem_per_thread())
+            t = float(np.median(bench.time_gpu(fn, sets, repeat=repeat)))
+            row.update(median_s=t, gflops=op.flops(size) / t / 1e9)
+            out["rows"].append(row)
+            print(f"{size} {name}: {row['gflops']:.0f} GFLOP/s",
+                  {k: row.get(k) for k in ("check_ok", "registers", "local_bytes")},
+                  flush=True)
+    if path:
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+def _one(d):
+    """numba returns {signature: value} when a kernel has several compiled overloads."""
+    return next(iter(d.values())) if isinstance(d, dict) and d else d
+
+
+def resource_report(path=None) -> list:
+    """Registers and local memory (spills) per thread of every GPU rung, as compiled for this GPU."""
+    import json
+
+    from ..registry import variants
+
+    rows = []
+    A = cuda.to_device(np.ones((70, 30), np.float32))
+    B = cuda.to_device(np.ones((30, 50), np.float32))
+    C = cuda.to_device(np.zeros((70, 50), np.float32))
+    for v in variants("gemm", "gpu", baselines=False):
+        v.fn(C, A, B)  # compiles for the real argument types
+        for k, _ in v.ptx:
+            rows.append({"variant": v.name, "registers": _one(k.get_regs_per_thread()),
+                         "local_bytes": _one(k.get_local_mem_per_thread()),
+                         "shared_bytes": _one(k.get_shared_mem_per_block())})
+            print(rows[-1], flush=True)
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
