@@ -802,8 +802,10 @@ def gemm_tuned(C, A, B):
     _tuned(C, A, B)
 
 
-SWEEP = [  # candidate shapes for the autotuning sweep (all keep 8x8 or 8x4 register tiles)
+SWEEP = [  # candidate shapes for the autotuning sweep (run_sweep times each on the GPU)
     dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True),
+    dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True, pad=0),
+    dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True, wr=8, wc=4),
     dict(BM=128, BN=128, BK=16, TM=8, TN=8, dbuf=True),
     dict(BM=128, BN=64, BK=16, TM=8, TN=8, dbuf=True),
     dict(BM=64, BN=128, BK=16, TM=8, TN=8, dbuf=True),
@@ -811,6 +813,8 @@ SWEEP = [  # candidate shapes for the autotuning sweep (all keep 8x8 or 8x4 regi
     dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True, minblocks=2),
     dict(BM=128, BN=128, BK=16, TM=8, TN=8, dbuf=True, minblocks=2),
     dict(BM=64, BN=64, BK=16, TM=4, TN=8, dbuf=True),
+    dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=False),
+    dict(BM=256, BN=128, BK=8, TM=16, TN=8, dbuf=True),
 ]
 
 
