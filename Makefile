@@ -45,7 +45,8 @@ test: book
 
 # .jupyter/labconfig makes JupyterLab open the jupytext .md notebooks as notebooks on a double click.
 lab: $(STAMP)
-	JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter lab --notebook-dir=.
+	JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter lab --notebook-dir=. \
+	    $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 check: $(STAMP)
 	$(BIN)/python -m kernels_src check

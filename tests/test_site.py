@@ -38,9 +38,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 NOT_CONTENT = {"index.html", "genindex.html", "search.html", "py-modindex.html"}
 SKIP_DIRS = {"_static", "_sources", "_images", "reports", "jupyter_execute", "_downloads"}
 
-pytestmark = pytest.mark.browser
-
-
 def _pages() -> list[str]:
     if not (SITE / "index.html").is_file():
         return []
@@ -150,6 +147,7 @@ _INSPECT = """async () => {
 }"""
 
 
+@pytest.mark.browser
 @pytest.mark.parametrize("page", PAGES or ["<no built site>"])
 def test_page(page, site_url, browser):
     assert PAGES, f"no pages found under {SITE}: run `make book` first"
@@ -197,3 +195,57 @@ def test_page(page, site_url, browser):
     finally:
         context.close()
     assert not problems, f"{page}:\n  " + "\n  ".join(problems)
+
+
+# ------------------------------------------------------------------------------------ make lab, headless
+def test_make_lab_opens_markdown_notebooks_as_notebooks(tmp_path):
+    """`make lab` starts JupyterLab with .jupyter/labconfig, so a double click on a chapter's .md opens the
+    Jupytext Notebook viewer (not the text editor), and the server reads the .md as a notebook."""
+    import json
+    import secrets
+    import signal
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    chapter = next(iter(sorted((ROOT / "notebooks").glob("ch*.md"))), None)
+    assert chapter is not None, "no chapter notebooks/ch*.md to open"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), HOME=os.environ.get("HOME", str(tmp_path)))
+    lab_args = f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token} --ServerApp.port_retries=0"
+    proc = subprocess.Popen(["make", "-s", "lab", f"LAB_ARGS={lab_args}"], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def get(path):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.load(r)
+
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                get("/api/status")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("`make lab` did not start JupyterLab:\n" + (proc.stdout.read() if proc.poll() is not None else "(timed out)"))
+                time.sleep(0.5)
+        plugin = get("/lab/api/settings/@jupyterlab/docmanager-extension:plugin")
+        viewers = plugin["schema"]["properties"]["defaultViewers"]["default"]
+        assert viewers.get("markdown") == "Jupytext Notebook", f"default viewers seen by JupyterLab: {viewers}"
+        assert viewers.get("myst") == "Jupytext Notebook", f"default viewers seen by JupyterLab: {viewers}"
+        model = get(f"/api/contents/{chapter.relative_to(ROOT).as_posix()}?type=notebook&content=1")
+        assert model["type"] == "notebook" and model["content"]["cells"], "the server did not read the .md as a notebook"
+        assert model["content"]["metadata"]["kernelspec"]["name"] == "python3"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
