@@ -60,15 +60,19 @@ EPS32 = float(np.finfo(np.float32).eps)
 
 
 def tolerance(size, dtype):
-    """float32 sums of n terms: a running sum that grows linearly collects rounding errors of random
-    sign, about eps*sqrt(n) relative to the result in total (the GPU variants add in an order that
-    depends on the schedule). We allow 8x that, plus the float32 default for small n. At n = 65537
-    this is rtol 1.3e-4; at n = 1e6, 5e-4. float64 inputs keep float64's default."""
+    """float32 sums of n terms. The error of a float32 sum is at most about eps x (the longest chain of
+    additions any partial sum goes through) relative to sum |terms|. In the tree kernels that chain is
+    the grid-stride loop (ceil(n / 262144) samples per thread), 8 tree levels, at most 4 partials per
+    thread and 8 levels in the second pass: ceil(n / 262144) + 28. For these inputs sum |terms| is at
+    most a few times |sum|, so we allow 4 eps x chain (1.5e-5 at n = 1e6) and never less than 1e-5.
+    The CPU variants accumulate in float64 and NumPy's sum is pairwise: both are far inside this.
+    (Emulating the tree order in NumPy, the error stays near 1 eps up to n = 2^22.)"""
     if np.dtype(dtype) != np.float32:
         return None
     (n,) = size
-    slack = 8 * EPS32 * math.sqrt(n)
-    return (1e-5 + slack, 1e-6 + slack)
+    chain = math.ceil(n / (MAX_BLOCKS * THREADS)) + 28
+    rtol = max(1e-5, 4 * EPS32 * chain)
+    return (rtol, 1e-6)
 
 
 def tolerance_running_sum(size, dtype):
@@ -97,15 +101,15 @@ define_op(
 
 
 # ------------------------------------------------------------------------------------------ CPU
-@register("regression_grad", "cpu", "numpy", baseline=True, bytes=lambda s, b: 10 * s[0] * b)
+@register("regression_grad", "cpu", "numpy", baseline=True, bytes=lambda s, b: 15 * s[0] * b)
 def regression_grad_numpy(loss, dw, db, w, b, x, y):
-    """NumPy: r = w*x + b - y, then three reductions. r and r*x are full-length temporaries, so about
-    10n elements move instead of 2n; each sum is a separate pass."""
+    """NumPy: each operator is its own pass over memory with a full-length temporary (w*x, then +b,
+    then -y, r*r, r*x) and each sum another pass: about 15n elements move instead of 2n."""
     n = x.shape[0]
     r = w * x + b - y
-    loss[0] = np.dot(r, r) / n
-    dw[0] = 2 * np.dot(r, x) / n
-    db[0] = 2 * np.sum(r, dtype=np.float64) / n
+    loss[0] = np.sum(r * r) / n
+    dw[0] = 2 * np.sum(r * x) / n
+    db[0] = 2 * np.sum(r) / n
 
 
 @njit(cache=True)

@@ -1,0 +1,111 @@
+"""Chapter 2: the hand-derived gradients of y = w*x + b, gradient descent, and the regression_grad op.
+
+Every kernel variant is checked against the float64 reference by tests/test_registry.py. Here we check
+the reference itself (against finite differences and an independent least-squares solve), the chapter's
+helpers, and that the op's tolerance is tight enough to catch a kernel that drops one sample.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import kernels_src
+from kernels_src import parity, viz_ch02
+from kernels_src.ops import scalar_regression as sr
+from kernels_src.registry import Variant
+
+
+def _data(n, seed):
+    rng = np.random.default_rng(seed)
+    x, y = sr.make_data(n, rng, dtype=np.float64)
+    return x, y, rng
+
+
+def _central(f, v, h=1e-6):
+    return (f(v + h) - f(v - h)) / (2 * h)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_reference_gradients_match_finite_differences(seed):
+    x, y, rng = _data(50, seed)
+    w, b = rng.uniform(-2, 3), rng.uniform(-2, 2)
+    loss, dw, db = (a[0] for a in sr.reference(w, b, x, y))
+    assert loss == pytest.approx(float(np.mean((w * x + b - y) ** 2)), rel=1e-12)
+    num_dw = _central(lambda v: sr.reference(v, b, x, y)[0][0], w)
+    num_db = _central(lambda v: sr.reference(w, v, x, y)[0][0], b)
+    assert dw == pytest.approx(num_dw, rel=1e-7, abs=1e-9)
+    assert db == pytest.approx(num_db, rel=1e-7, abs=1e-9)
+    # the chapter's float64 helper computes the same two numbers
+    g = viz_ch02.grads(w, b, x, y)
+    assert g[0] == pytest.approx(dw, rel=1e-12) and g[1] == pytest.approx(db, rel=1e-12)
+
+
+def test_gradients_vanish_at_the_least_squares_solution():
+    x, y, _ = _data(200, 7)
+    A = np.column_stack([x, np.ones_like(x)])
+    w, b = np.linalg.solve(A.T @ A, A.T @ y)  # normal equations: independent of the code under test
+    _, dw, db = (a[0] for a in sr.reference(w, b, x, y))
+    assert abs(dw) < 1e-10 and abs(db) < 1e-10
+
+
+def test_gradient_descent_converges_to_least_squares():
+    x, y, _ = _data(500, 3)
+    path = viz_ch02.descend(x, y, -1.0, 1.5, lr=0.2, steps=400)
+    w_opt, b_opt = np.polyfit(x, y, 1)
+    assert path[-1] == pytest.approx([w_opt, b_opt], abs=1e-6)
+    losses = viz_ch02.mse(path[:, 0], path[:, 1], x, y)
+    assert np.all(np.diff(losses) <= 1e-15), "with a small learning rate the loss must never go up"
+
+
+def test_learning_rate_stability_threshold():
+    """Gradient descent on this quadratic loss converges iff lr < 2 / (largest Hessian eigenvalue)."""
+    x, y, _ = _data(500, 4)
+    hess = 2 * np.array([[np.mean(x * x), np.mean(x)], [np.mean(x), 1.0]])
+    lr_max = 2 / np.linalg.eigvalsh(hess).max()
+    ok = viz_ch02.descend(x, y, 0.0, 0.0, lr=0.95 * lr_max, steps=3000)
+    bad = viz_ch02.descend(x, y, 0.0, 0.0, lr=1.05 * lr_max, steps=3000)
+    assert ok[-1] == pytest.approx(np.polyfit(x, y, 1), abs=1e-4)
+    assert abs(bad[-1][0]) > 1e3 or len(bad) < 3001, "above the threshold the iterates must blow up"
+
+
+def _dropping(k):
+    def kernel(loss, dw, db, w, b, x, y):  # forgets the last k samples, as an off-by-k guard would
+        n = x.shape[0]
+        r = (w * x[: n - k] + b - y[: n - k]).astype(np.float64)
+        loss[0] = np.sum(r * r) / n
+        dw[0] = 2 * np.sum(r * x[: n - k]) / n
+        db[0] = 2 * np.sum(r) / n
+
+    return Variant("regression_grad", "cpu", f"drops_{k}", kernel)
+
+
+def test_tolerance_catches_dropped_samples():
+    """The tolerance is not vacuous. One dropped sample changes the result by ~1/n, which float32
+    rounding allowance (4 eps x chain, about 1.5e-5) hides beyond n ~ 65,000; so: one dropped sample must fail
+    at every checked n from 2 to 4099, and one dropped block of 256 at every larger n."""
+    op = kernels_src.get_op("regression_grad")
+    for size in op.sizes["check"]:
+        if size[0] > 1:
+            k = 1 if size[0] <= 4099 else 256
+            rep = parity.check_variant(_dropping(k), op, size)
+            assert not rep.ok, f"dropping {k} of {size[0]} samples passed: {rep}"
+
+
+def test_tolerance_is_documented_and_scales_like_sqrt_n():
+    small = sr.tolerance((100,), np.float32)
+    big = sr.tolerance((1_000_000,), np.float32)
+    assert big[0] / small[0] < 2 * math.sqrt(1e4)
+    assert sr.tolerance((10,), np.float64) is None
+    assert sr.tolerance_running_sum((10**6,), np.float32)[0] > big[0]
+
+
+def test_plot_helpers_draw(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x, y = sr.make_data(100, np.random.default_rng(0))
+    axes = viz_ch02.plot_state(x, y, -0.5, 1.5, lr=0.1, steps=10)
+    assert len(axes[0].lines) >= 2
+    plt.close("all")
