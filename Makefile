@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help venv book test lab bench check ptx doctor lock clean
+.PHONY: help venv book test lab bench check ptx doctor lock clean exercises
 
 help:
 	@echo "make book    build the course site into _build/html (executes every chapter)"
@@ -14,6 +14,7 @@ help:
 	@echo "make lab     open the chapters and exercises in JupyterLab"
 	@echo "make bench   benchmark every op on this machine's CPU (and GPU, if there is one)"
 	@echo "make check   parity of every registered kernel against its float64 reference"
+	@echo "make exercises  regenerate exercises/ and the autograder (_build/autograder) from solutions/"
 
 $(STAMP): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required (set PYTHON=...)")'
@@ -66,3 +67,8 @@ lock: $(STAMP)
 
 clean:
 	rm -rf _build
+
+# Student notebooks (exercises/, committed) and the autograder with hidden tests (_build/autograder/,
+# not committed) from the master notebooks in solutions/; see kernels_src/grading/exercises.py.
+exercises: $(STAMP)
+	$(BIN)/python -m kernels_src.grading.exercises

@@ -1,0 +1,179 @@
+"""Run untrusted student code in a child process: time limit, memory limit, capped output, empty directory.
+
+The child (``python -I -m kernels_src.grading.worker``) starts in a fresh temporary directory that holds
+only the student's code and the job (inputs, names to call); references, expected outputs and hidden
+tests stay in the parent. It writes ``result.json`` (and ``outputs.npz``) back into that directory.
+Whatever the child does (loops forever, calls ``os._exit``, segfaults through ``ctypes``, prints
+megabytes, allocates without end), the parent gets a :class:`SandboxResult` with a plain-language
+``message`` and never raises.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_TIMEOUT = float(os.environ.get("KERNELS_GRADING_TIMEOUT", "60"))  # seconds of wall clock per run
+DEFAULT_MEMORY = int(os.environ.get("KERNELS_GRADING_MEMORY_MB", "3072")) << 20  # address space (numba maps ~0.8 GB)
+OUTPUT_LIMIT = 8 << 20  # bytes of stdout+stderr (RLIMIT_FSIZE: a child that prints more is stopped)
+STDOUT_TAIL = 2000  # characters of the child's output kept for the report
+_PASS_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "SYSTEMROOT",
+             "NUMBA_CUDA_DRIVER", "NUMBA_CUDA_NVVM", "NUMBA_CUDA_LIBDEVICE")
+
+
+@dataclass
+class SandboxResult:
+    status: str  # ok | error | timeout | exited | signal | output_limit | memory | no_result
+    payload: dict = field(default_factory=dict)  # result.json written by the worker
+    outputs: dict = field(default_factory=dict)  # arrays from outputs.npz
+    returncode: int | None = None
+    seconds: float = 0.0
+    output_tail: str = ""
+    message: str = ""
+    progress: str = ""  # the last step the worker announced before it stopped
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def apply_limits(limits: dict) -> None:
+    """Called by the worker on itself, first thing, before any student code is imported."""
+    import resource
+
+    for name, val in limits.items():
+        lim = getattr(resource, name)
+        try:
+            soft, hard = resource.getrlimit(lim)
+            new = int(val) if hard == resource.RLIM_INFINITY else min(int(val), hard)
+            resource.setrlimit(lim, (new, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def _describe_signal(sig: int) -> str:
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    why = {
+        "SIGSEGV": "a segmentation fault: memory was accessed that does not exist (ctypes, or an index out of "
+                   "bounds inside an @njit function, which does not check bounds)",
+        "SIGBUS": "a bus error: a bad memory access (ctypes, or an index out of bounds in compiled code)",
+        "SIGABRT": "the process aborted (an assertion inside a compiled library failed)",
+        "SIGKILL": "the process was killed (usually: it used more memory than allowed)",
+        "SIGXCPU": "it used more CPU time than allowed (an infinite loop?)",
+        "SIGXFSZ": f"it printed more than {OUTPUT_LIMIT >> 20} MB of output",
+        "SIGFPE": "an arithmetic fault (integer division by zero in compiled code)",
+    }.get(name, "")
+    return f"{name}" + (f", {why}" if why else "")
+
+
+def run(job: dict, source: str, *, inputs: dict | None = None, device_mode: str = "sim",
+        timeout: float | None = None, memory: int | None = None, keep: bool = False) -> SandboxResult:
+    """Run ``kernels_src.grading.worker`` on ``job`` with the student's ``source`` in a fresh directory."""
+    timeout = float(timeout or DEFAULT_TIMEOUT)
+    memory = int(memory or DEFAULT_MEMORY)
+    work = Path(tempfile.mkdtemp(prefix="kgrade-"))
+    t0 = time.perf_counter()
+    try:
+        (work / "submission.py").write_text(source, encoding="utf-8")
+        job = dict(job, limits={"RLIMIT_AS": memory, "RLIMIT_FSIZE": OUTPUT_LIMIT, "RLIMIT_CORE": 0,
+                                "RLIMIT_CPU": int(timeout * 2 + 10)})
+        (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        if inputs:
+            np.savez(work / "inputs.npz", **inputs)
+        env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+        env.update(HOME=str(work), TMPDIR=str(work), KERNELS_DEVICE=device_mode, PYTHONUNBUFFERED="1",
+                   PYTHONDONTWRITEBYTECODE="1", NUMBA_CACHE_DIR=str(work / ".numba"), OMP_NUM_THREADS="1",
+                   NUMBA_NUM_THREADS=os.environ.get("KERNELS_GRADING_NUMBA_THREADS", "2"),
+                   MPLBACKEND="Agg", PYTHONFAULTHANDLER="1")
+        cmd = [sys.executable, "-I", "-m", "kernels_src.grading.worker", str(work / "job.json")]
+        with open(work / "output.txt", "wb") as out:
+            try:
+                p = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as e:
+                return SandboxResult("no_result", message=f"the grader could not start a process: {e}")
+            timed_out = False
+            try:
+                rc = p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    p.kill()
+                rc = p.wait()
+        seconds = time.perf_counter() - t0
+        tail = _tail(work / "output.txt")
+        progress = _read_text(work / "progress.txt")
+        res = SandboxResult("ok", returncode=rc, seconds=seconds, output_tail=tail, progress=progress)
+        payload = _read_json(work / "result.json")
+        if payload is not None:
+            res.payload = payload
+        if (work / "outputs.npz").exists():
+            try:
+                with np.load(work / "outputs.npz", allow_pickle=False) as z:
+                    res.outputs = {k: z[k] for k in z.files}
+            except Exception:  # noqa: BLE001  (a truncated or forged file: treated as no outputs)
+                res.outputs = {}
+        where = f" (while {progress})" if progress else ""
+        if timed_out:
+            res.status = "timeout"
+            res.message = (f"your code did not finish within {timeout:g} s{where}: an infinite loop, or a loop "
+                           "whose condition never changes (a stride of 0, a `while` that never ends)?")
+        elif rc is not None and rc < 0:
+            res.status = "signal" if -rc != signal.SIGXFSZ else "output_limit"
+            if -rc == signal.SIGKILL:
+                res.status = "memory"
+            res.message = f"the process running your code died{where}: {_describe_signal(-rc)}"
+        elif payload is None:
+            res.status = "exited"
+            res.message = (f"the process running your code exited with status {rc} before the grader could "
+                           f"collect a result{where}: does your code call os._exit(), sys.exit() or quit()?")
+            if "MemoryError" in tail or "Cannot allocate memory" in tail:
+                res.status = "memory"
+                res.message = f"your code ran out of memory{where} (the limit is {memory >> 20} MB)"
+        elif payload.get("status") != "ok":
+            res.status = payload.get("status", "error")
+            res.message = payload.get("message", "")
+        return res
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _tail(path: Path) -> str:
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            f.seek(max(0, size - STDOUT_TAIL))
+            data = f.read().decode("utf-8", errors="replace")
+        return ("...\n" if size > STDOUT_TAIL else "") + data
+    except OSError:
+        return ""
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()[-300:]
+    except OSError:
+        return ""
+
+
+def _read_json(path: Path):
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        return d if isinstance(d, dict) else None
+    except (OSError, ValueError):
+        return None

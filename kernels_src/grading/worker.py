@@ -1,0 +1,534 @@
+"""The sandboxed side of a check: load the student's code, find their functions, run them, report.
+
+Started by :mod:`kernels_src.grading.sandbox` as ``python -I -m kernels_src.grading.worker job.json``
+in an empty directory holding ``submission.py`` (the student's code), ``job.json`` and ``inputs.npz``.
+It writes ``result.json`` and ``outputs.npz`` and exits with ``os._exit`` (so no student thread or
+``atexit`` hook runs after it). It never sees a reference output: the comparison happens in the parent.
+
+Modes:
+  run   load the code, check the kind of each named object (a Numba ``@njit`` function for CPU
+        answers; a launcher plus ``@cuda.jit`` kernels defined in the submission for GPU answers),
+        scan it for shortcuts (the course's references or kernels, ``np.matmul``/``np.dot``/...),
+        then call it on each case's inputs with poisoned outputs; GPU runs go through the race
+        detector, and every launch is recorded with its argument types.
+  ptx   load the code with the real numba.cuda (``KERNELS_DEVICE=ptx``) and compile each kernel to
+        PTX for sm_90 with the signatures observed in the run: the simulator does not check typing.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import json
+import os
+import sys
+import textwrap
+import time
+import traceback
+
+SUBMISSION = "submission.py"
+_write_text = None  # captured before student code runs
+
+
+def _progress(text: str) -> None:
+    try:
+        with open("progress.txt", "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError:
+        pass
+
+
+def _finish(result: dict, outputs: dict | None = None) -> None:
+    import numpy as np
+
+    if outputs:
+        try:
+            np.savez("outputs.npz", **outputs)
+        except Exception as e:  # noqa: BLE001
+            result.setdefault("notes", []).append(f"could not save outputs: {e}")
+    tmp = "result.json.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(result, default=str))
+    os.replace(tmp, "result.json")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# ----------------------------------------------------------------------------------- locations
+class Where:
+    """Maps lines of submission.py back to the notebook's cells (line_map comes from the bundle)."""
+
+    def __init__(self, line_map):
+        self.line_map = line_map or []
+        try:
+            with open(SUBMISSION, encoding="utf-8") as f:
+                self.lines = f.read().splitlines()
+        except OSError:
+            self.lines = []
+
+    def __call__(self, line: int, file: str | None = None) -> str:
+        if file is not None and os.path.basename(file) != SUBMISSION:
+            return f"{os.path.basename(file)} line {line}"
+        text = self.lines[line - 1].strip() if 1 <= line <= len(self.lines) else ""
+        loc = ""
+        if 1 <= line <= len(self.line_map) and self.line_map[line - 1]:
+            cell, ln = self.line_map[line - 1]
+            loc = f"cell {cell}, line {ln}"
+        else:
+            loc = f"line {line}"
+        return f"{loc}: `{text}`" if text else loc
+
+
+def _student_line(tb) -> int | None:
+    """The last traceback frame that is in the student's code."""
+    line = None
+    for fr, ln in traceback.walk_tb(tb):
+        if os.path.basename(fr.f_code.co_filename) == SUBMISSION:
+            line = ln
+    return line
+
+
+def _exc_info(e: BaseException, where: Where) -> dict:
+    line = _student_line(e.__traceback__)
+    msg = str(e).strip()
+    if len(msg) > 800:
+        msg = msg[:800] + " ..."
+    return {"type": type(e).__name__, "message": msg, "line": line, "where": where(line) if line else ""}
+
+
+# ----------------------------------------------------------------------------------- shortcuts
+FORBIDDEN_NUMPY = ("matmul", "dot", "einsum", "inner", "outer", "vdot", "tensordot", "kron", "sum", "nansum",
+                   "prod", "cumsum", "cumprod", "mean", "average", "convolve", "correlate", "trace")
+FORBIDDEN_METHODS = ("dot", "sum", "mean", "prod", "cumsum", "cumprod", "matmul")
+FORBIDDEN_PACKAGES = ("scipy", "torch", "cupy", "jax", "tensorflow", "sklearn", "cublas")
+ALLOWED_FROM_KERNELS_SRC = ("ceil_div", "cuda", "device")
+
+
+def _forbidden_objects(allow, extra):
+    import numpy as np
+
+    objs = {}
+    for name in FORBIDDEN_NUMPY:
+        if name not in allow and hasattr(np, name):
+            objs[id(getattr(np, name))] = f"np.{name}"
+    for dotted in extra:
+        mod, _, attr = dotted.replace("np.", "numpy.", 1).rpartition(".")
+        try:
+            import importlib
+
+            obj = getattr(importlib.import_module(mod), attr)
+            objs[id(obj)] = dotted
+        except Exception:  # noqa: BLE001
+            pass
+    return objs
+
+
+def _source_tree(fn):
+    try:
+        src = textwrap.dedent(inspect.getsource(fn))
+        return ast.parse(src), inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None, 0
+
+
+def _py(obj):
+    """The Python function behind a numba dispatcher or a (simulated) CUDA kernel."""
+    for attr in ("py_func", "fn"):
+        f = getattr(obj, attr, None)
+        if f is not None and inspect.isfunction(f):
+            return f
+    return obj if inspect.isfunction(obj) else None
+
+
+def _origin(obj) -> str:
+    f = _py(obj)
+    mod = getattr(f, "__module__", None) or getattr(obj, "__module__", None) or ""
+    if inspect.ismodule(obj):
+        mod = obj.__name__
+    return mod or ""
+
+
+def scan_shortcuts(roots, allow=(), extra=(), where=None) -> tuple[list, list]:
+    """Walk the student's functions (and the notebook functions they call) looking for shortcuts.
+
+    Returns (problems, visited function names)."""
+    import numpy as np
+
+    forbidden = _forbidden_objects(set(allow), extra)
+    methods = tuple(m for m in FORBIDDEN_METHODS if m not in allow)
+    problems, seen, todo = [], set(), list(roots)
+    visited = []
+    while todo:
+        obj = todo.pop()
+        fn = _py(obj)
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if fn.__module__ != "submission":
+            continue
+        visited.append(fn.__name__)
+        tree, first = _source_tree(fn)
+        if tree is None:
+            continue
+        glb = dict(vars(builtins))
+        glb.update(fn.__globals__)
+        for node in ast.walk(tree):
+            line = first + getattr(node, "lineno", 1) - 1
+            at = f" ({where(line)})" if where else ""
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and "matmul" not in allow:
+                problems.append(f"`{fn.__name__}` uses the `@` operator (NumPy's matmul){at}")
+                continue
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods:
+                base = node.func.value
+                if not (isinstance(base, ast.Name) and inspect.ismodule(glb.get(base.id))):
+                    problems.append(f"`{fn.__name__}` calls `.{node.func.attr}()`: NumPy does that work, not your "
+                                    f"code{at}")
+                continue
+            if not isinstance(node, (ast.Name, ast.Attribute)) or not isinstance(getattr(node, "ctx", None), ast.Load):
+                continue
+            chain = []
+            n = node
+            while isinstance(n, ast.Attribute):
+                chain.append(n.attr)
+                n = n.value
+            if not isinstance(n, ast.Name) or n.id not in glb:
+                continue
+            chain.append(n.id)
+            chain.reverse()
+            obj2, path = glb[n.id], [n.id]
+            for part in chain[1:]:
+                nxt = getattr(obj2, part, None)
+                if nxt is None:
+                    break
+                obj2 = nxt
+                path.append(part)
+            dotted = ".".join(path)
+            origin = _origin(obj2)
+            root = origin.split(".")[0]
+            if id(obj2) in forbidden:
+                problems.append(f"`{fn.__name__}` uses {forbidden[id(obj2)]} ({dotted}): NumPy does the work "
+                                f"instead of your code{at}")
+            elif inspect.ismodule(obj2) and obj2 is getattr(np, "linalg", None):
+                problems.append(f"`{fn.__name__}` uses np.linalg{at}")
+            elif root == "kernels_src" and not any(p in ALLOWED_FROM_KERNELS_SRC for p in path[-1:]) \
+                    and not (inspect.ismodule(obj2) and obj2.__name__ in ("kernels_src", "kernels_src.device")) \
+                    and origin not in ("numba.cuda", "kernels_src.device"):
+                problems.append(f"`{fn.__name__}` uses `{dotted}` from the course library ({origin}): the exercise "
+                                f"is to write it yourself{at}")
+            elif root in FORBIDDEN_PACKAGES:
+                problems.append(f"`{fn.__name__}` uses `{dotted}` ({root}){at}")
+            elif _origin(obj2) == "submission" and _py(obj2) is not None:
+                todo.append(obj2)
+    return sorted(set(problems)), visited
+
+
+def _is_stub(fn) -> bool:
+    tree, _ = _source_tree(fn)
+    if tree is None or not tree.body or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]  # docstring
+    return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                           and s.value.value is Ellipsis) for s in body)
+
+
+class _Tripwire:
+    """Wraps the course's references and registered variants: calling one during the run is recorded."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.armed = False
+
+    def install(self):
+        from .. import registry
+        from . import exercise_ops
+
+        registry.load_all()
+        targets = []
+        for op in list(registry._OPS.values()) + list(exercise_ops.EXERCISE_OPS.values()):
+            mod = sys.modules.get(getattr(op.reference, "__module__", ""), None)
+            targets.append((op, "reference", f"the reference of `{op.name}`"))
+            if mod is not None and getattr(mod, "reference", None) is op.reference:
+                targets.append((mod, "reference", f"the reference of `{op.name}`"))
+            for v in op.variants:
+                m = sys.modules.get(getattr(v.fn, "__module__", ""), None)
+                name = getattr(v.fn, "__name__", "")
+                if m is not None and getattr(m, name, None) is v.fn:
+                    targets.append((m, name, f"the course's variant {v.key}"))
+        for owner, attr, label in targets:
+            orig = getattr(owner, attr)
+            setattr(owner, attr, self._wrap(orig, label))
+
+    def _wrap(self, fn, label):
+        def tripwire(*a, **k):
+            if self.armed:
+                self.calls.append(label)
+            return fn(*a, **k)
+
+        tripwire.__wrapped__ = fn
+        tripwire.__name__ = getattr(fn, "__name__", "tripwire")
+        tripwire.__module__ = getattr(fn, "__module__", None)
+        return tripwire
+
+
+# ------------------------------------------------------------------------------------ checks
+def _kind_problem(obj, name: str, want: str) -> str:
+    """'' if ``obj`` is the right kind of object for ``want`` (cpu | launcher | kernel)."""
+    from numba.core.dispatcher import Dispatcher
+
+    from .. import device
+
+    kernel_types = ()
+    if device.SIMULATED:
+        from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+        kernel_types = (FakeCUDAKernel,)
+    else:
+        from numba.cuda.dispatcher import CUDADispatcher
+
+        kernel_types = (CUDADispatcher,)
+    is_kernel = isinstance(obj, kernel_types)
+    if want == "cpu":
+        if is_kernel:
+            return (f"`{name}` is a @cuda.jit GPU kernel, but this question asks for a CPU function compiled "
+                    "with @njit")
+        if not isinstance(obj, Dispatcher):
+            if inspect.isfunction(obj):
+                return (f"`{name}` is a plain Python function: this question asks for a Numba-compiled one. "
+                        "Put @njit on the line above `def` (from numba import njit)")
+            return f"`{name}` is a {type(obj).__name__}, not a function compiled with @njit"
+    elif want == "launcher":
+        if is_kernel:
+            return (f"`{name}` is the @cuda.jit kernel itself; `{name}` must be the launcher: a plain Python "
+                    "function that computes the grid and launches your kernel")
+        if isinstance(obj, Dispatcher):
+            return f"`{name}` is compiled with @njit; the launcher must be a plain Python function"
+        if not inspect.isfunction(obj):
+            return f"`{name}` is a {type(obj).__name__}, not a function"
+    elif want == "kernel":
+        if not is_kernel:
+            if isinstance(obj, Dispatcher):
+                return f"`{name}` is compiled with @njit (a CPU function); it must be a @cuda.jit kernel"
+            return f"`{name}` must be a GPU kernel: a function decorated with @cuda.jit"
+        if getattr(obj, "_device", False) or getattr(getattr(obj, "targetoptions", {}), "get", lambda k: 0)("device"):
+            return f"`{name}` is a device function (@cuda.jit(device=True)); it must be a kernel"
+    fn = _py(obj)
+    if fn is not None and fn.__module__ != "submission":
+        return (f"`{name}` is `{fn.__module__}.{fn.__qualname__}`, imported rather than written in your notebook: "
+                "define it yourself")
+    return ""
+
+
+def _signature_problem(fn, name, expected: list, n_expected: int) -> str:
+    f = _py(fn) or fn
+    try:
+        sig = inspect.signature(f)
+    except (TypeError, ValueError):
+        return ""
+    params = list(sig.parameters.values())
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return ""
+    required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(required) <= n_expected <= len(positional):
+        return ""
+    want = f"{name}({', '.join(expected)})" if expected else f"{n_expected} arguments"
+    return (f"`{name}{sig}` has the wrong signature: it takes {len(positional)} argument(s), but the grader calls "
+            f"it as {want}")
+
+
+def run_job(job, mod, where, result) -> dict:
+    import numpy as np
+
+    from .. import device
+    from .racecheck import instrumented
+
+    backend = job["backend"]
+    name = job["function"]
+    outputs: dict = {}
+    problems = []
+    if not hasattr(mod, name):
+        result["status"] = "missing"
+        result["message"] = (f"your notebook does not define `{name}`: it must be defined at the top level of a "
+                             "code cell (was it renamed, or is it inside another function?)")
+        return outputs
+    fn = getattr(mod, name)
+    want = "cpu" if backend == "cpu" else "launcher"
+    p = _kind_problem(fn, name, want)
+    if p:
+        problems.append(p)
+    kernels = {}
+    for k in job.get("kernels", []):
+        if not hasattr(mod, k):
+            problems.append(f"your notebook does not define the kernel `{k}` (a @cuda.jit function at the top "
+                            "level of a code cell)")
+            continue
+        kobj = getattr(mod, k)
+        p = _kind_problem(kobj, k, "kernel")
+        if p:
+            problems.append(p)
+        kernels[k] = kobj
+    stubs = [n for n, o in [(name, fn)] + list(kernels.items()) if _py(o) is not None and _is_stub(_py(o))]
+    if stubs:
+        result["status"] = "stub"
+        result["message"] = ("still the stub (`...`): " + ", ".join(f"`{s}`" for s in stubs)
+                             + ". Replace the `...` with your code, then run the cell again.")
+        return outputs
+    if problems:
+        result["status"] = "wrong_kind"
+        result["message"] = "\n".join(problems)
+        return outputs
+    n_args = job["n_outputs"] + job["n_inputs"]
+    p = _signature_problem(fn, name, job.get("args") or [], n_args)
+    if p:
+        result["status"] = "signature"
+        result["message"] = p
+        return outputs
+    shortcuts, visited = scan_shortcuts([fn] + list(kernels.values()), job.get("allow", ()), job.get("forbid", ()),
+                                        where)
+    result["scanned"] = visited
+    if shortcuts:
+        result["status"] = "shortcut"
+        result["message"] = "\n".join(shortcuts)
+        return outputs
+
+    tripwire = _TRIPWIRE
+    cases = []
+    result["cases"] = cases
+    with np.load("inputs.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    for ci, case in enumerate(job["cases"]):
+        _progress(f"running `{name}` on {case['label']}")
+        inputs = [arrays[k][()] if case["scalar"][i] else arrays[k] for i, k in enumerate(case["inputs"])]
+        outs = [arrays[k].copy() for k in case["outputs"]]
+        rec = {"label": case["label"], "seconds": 0.0, "launches": [], "races": [], "barriers": []}
+        cases.append(rec)
+        t0 = time.perf_counter()
+        session = None
+        try:
+            if backend == "gpu":
+                cuda = device.cuda
+                d_in = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in inputs]
+                d_out = [cuda.to_device(o) for o in outs]
+                with instrumented(track_races=job.get("racecheck", True)) as session, device.simulator_speedup():
+                    tripwire.armed = True
+                    try:
+                        fn(*d_out, *d_in)
+                    finally:
+                        tripwire.armed = False
+                got = [d.copy_to_host() for d in d_out]
+                after = [d.copy_to_host() if isinstance(a, np.ndarray) else None for d, a in zip(d_in, inputs)]
+            else:
+                tripwire.armed = True
+                try:
+                    fn(*outs, *inputs)
+                finally:
+                    tripwire.armed = False
+                got, after = outs, inputs
+        except BaseException as e:  # noqa: BLE001  (student code may raise anything, SystemExit included)
+            rec["error"] = _exc_info(e, where)
+            if isinstance(e, (SystemExit, KeyboardInterrupt)):
+                rec["error"]["message"] = f"{type(e).__name__} raised by your code (sys.exit()/quit()?)"
+            got, after = None, None
+        rec["seconds"] = time.perf_counter() - t0
+        if session is not None:
+            launches = session.report().launches
+            for la in launches:
+                rec["launches"].append({"kernel": la.kernel, "module": la.module, "grid": la.grid, "block": la.block,
+                                        "argtypes": la.argtypes, "error": la.error})
+                rec["races"] += [r.describe(lambda a: where(a.line, a.file)) for r in la.races]
+                rec["barriers"] += [b.describe(lambda f, ln: where(ln, f)) for b in la.barrier_problems]
+                rec["n_races"] = rec.get("n_races", 0) + la.n_races
+        if tripwire.calls:
+            rec["shortcut_calls"] = sorted(set(tripwire.calls))
+            tripwire.calls.clear()
+        if got is not None:
+            for k, g in zip(case["outputs"], got):
+                outputs[k] = np.asarray(g)
+            for i, (k, a) in enumerate(zip(case["inputs"], after)):
+                if isinstance(a, np.ndarray):
+                    outputs["after_" + k] = np.asarray(a)
+    return outputs
+
+
+def ptx_job(job, mod, where, result) -> None:
+    from .. import ptx
+
+    out = []
+    for item in job["ptx"]:
+        kname, sig = item["kernel"], item["signature"]
+        entry = {"kernel": kname, "signature": sig}
+        kobj = getattr(mod, kname, None)
+        if kobj is None:
+            entry.update(ok=False, message=f"`{kname}` is not defined")
+        else:
+            _progress(f"compiling `{kname}` to PTX")
+            try:
+                text = ptx.compile_one(kobj, sig)
+                entry.update(ok=True, lines=text.count("\n"))
+            except Exception as e:  # noqa: BLE001  (a typing error is the finding)
+                msg = " ".join(str(e).split())
+                line = _student_line(e.__traceback__)
+                entry.update(ok=False, type=type(e).__name__, message=msg[:1500])
+                import re
+
+                m = re.search(r'File "[^"]*submission\.py", line (\d+)', str(e))
+                if m:
+                    line = int(m.group(1))
+                entry["where"] = where(line) if line else ""
+        out.append(entry)
+    result["ptx"] = out
+
+
+_TRIPWIRE = _Tripwire()
+
+
+def main(argv=None) -> None:
+    argv = argv if argv is not None else sys.argv[1:]
+    with open(argv[0], encoding="utf-8") as f:
+        job = json.load(f)
+    from .sandbox import apply_limits
+
+    apply_limits(job.get("limits", {}))
+    result: dict = {"status": "ok", "notes": []}
+    outputs: dict = {}
+    try:
+        _progress("starting Python and Numba")
+        import kernels_src  # noqa: F401  (chooses the simulator or the PTX target before numba.cuda loads)
+        import numpy  # noqa: F401
+
+        if job["mode"] == "run":
+            _TRIPWIRE.install()
+        where = Where(job.get("line_map"))
+        _progress("loading your code (its imports, definitions and constants)")
+        import importlib.util
+
+        sys.path.insert(0, os.getcwd())
+        try:
+            spec = importlib.util.spec_from_file_location("submission", os.path.abspath(SUBMISSION))
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules["submission"] = mod
+            spec.loader.exec_module(mod)
+        except BaseException as e:  # noqa: BLE001
+            info = _exc_info(e, where)
+            result.update(status="load_error", load_error=info,
+                          message=(f"loading your code raised {info['type']}: {info['message']}"
+                                   + (f"\n    at {info['where']}" if info["where"] else "")))
+            _finish(result)
+        if job["mode"] == "run":
+            outputs = run_job(job, mod, where, result)
+        elif job["mode"] == "ptx":
+            ptx_job(job, mod, where, result)
+        else:
+            raise ValueError(f"unknown mode {job['mode']!r}")
+    except BaseException as e:  # noqa: BLE001
+        result.update(status="error", message=f"{type(e).__name__}: {e}",
+                      traceback=traceback.format_exc()[-3000:])
+    _finish(result, outputs)
+
+
+if __name__ == "__main__":
+    main()
