@@ -1,0 +1,504 @@
+"""Softmax over the last axis, forward and backward (chapter 8).
+
+Shapes: x (M,N) logits -> y (M,N), y[i, j] = exp(x[i, j] - m_i) / sum_k exp(x[i, k] - m_i), m_i = max_k x[i, k]
+        backward: dy (M,N), y (M,N) -> dx (M,N) = y * (dy - sum_k dy[:, k] * y[:, k])
+Cost:   forward ~5 FLOPs per element (max, subtract, exp, add, scale); at least 2MN elements move (read
+        x once, write y once). Backward: 4 FLOPs, 3MN elements. Both are memory-bound.
+
+Fully masked rows. A row whose logits are all -inf (every position masked out) has no finite maximum and
+a zero denominator: the formula gives 0/0. The reference DEFINES its softmax as all zeros (no probability
+mass anywhere), which is what attention kernels write for such rows, and which keeps a NaN from
+spreading into the next matrix product. The safe and online rungs follow it; the naive rung does not
+(it returns NaN there, on purpose: chapter 8's stability demo).
+
+Ladder (forward)
+  cpu/naive        rung 1   exp(x) / sum(exp(x)): two passes; overflows to inf/inf = NaN for x > 88
+  cpu/safe         rung 2   subtract the row max first: three passes (max, sum, write), never overflows
+  cpu/online       rung 3   one pass keeps a running max and a rescaled running sum, one pass writes
+  cpu/online_prange rung 4  rung 3 with rows split over cores
+  gpu/naive        rung 1   one block per row, shared-memory tree reductions; reads the row twice
+  gpu/safe         rung 2   max, sum, write: reads the row three times (stable, slower)
+  gpu/online       rung 3   (max, sum) in one pass and one combined reduction: reads the row twice
+  gpu/regs         rung 4   each thread keeps its slice of the row in registers: the row is read ONCE
+  gpu/regs_shfl    rung 5   rung 4 with warp-shuffle reductions (real GPU only)
+  gpu/torch        baseline torch's softmax kernel, writing into our output buffer
+Every GPU kernel is compiled with fastmath (fast exp, approximate division) minus the no-inf/no-NaN
+assumptions, so -inf logits keep their meaning.
+
+The normal inputs (make_inputs) are logits of scale 2 with some entries masked to -inf: every rung,
+naive included, is correct on them. Large logits and fully masked rows are exercised by the demo in
+chapter 8 and by tests/test_ch08_softmax.py.
+"""
+import math
+
+import numpy as np
+from numba import float32, njit, prange
+
+from ..device import cuda, needs_real_gpu
+from ..registry import define_op, register
+from .reductions import (FAST_MATH, NEG_INF, ONE, ZERO, as_torch, block_max_smem, block_sum_smem, row_config,
+                         row_threads_streaming, torch_gpu)
+
+THREADS = None  # override the block size of the register rungs (None: chosen from the row length)
+
+
+# --------------------------------------------------------------------------------------- reference
+def reference(x):
+    """float64 oracle. Rows with no finite logit (fully masked) are defined as all zeros."""
+    m = np.max(x, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)  # m = -inf only when the whole row is -inf
+    e = np.exp(x - m)
+    s = np.sum(e, axis=-1, keepdims=True)
+    return np.where(s > 0, e / np.where(s > 0, s, 1.0), 0.0)
+
+
+def make_inputs(size, dtype, rng):
+    """Logits 2*N(0,1), with x[1::4, 1::3] masked to -inf (column 0 never is, so no row is fully masked)."""
+    m, n = size
+    x = (2.0 * rng.standard_normal((m, n))).astype(dtype)
+    x[1::4, 1::3] = -np.inf
+    return (x,)
+
+
+def reference_bwd(dy, y):
+    """float64 oracle: dx = y * (dy - <dy, y>) row by row (the Jacobian diag(y) - y y^T, applied)."""
+    return y * (dy - np.sum(dy * y, axis=-1, keepdims=True))
+
+
+def make_inputs_bwd(size, dtype, rng):
+    m, n = size
+    y = reference(2.0 * rng.standard_normal((m, n))).astype(dtype)
+    dy = rng.standard_normal((m, n)).astype(dtype)
+    return dy, y
+
+
+# Each output is one exp times one reciprocal of a sum of N positive terms: relative error of a few
+# eps from the fast exp (ex2.approx) and the sum; tiny probabilities may flush to zero (atol).
+TOL = (2e-5, 1e-7)
+SIZES = {"check": [(1, 1), (3, 7), (5, 33), (2, 257), (64, 1000), (17, 4099), (3, 12289)],
+         "check_sim": [(1, 1), (3, 7), (5, 33), (2, 257)],
+         "bench": [(1024, 1024), (4096, 4096)],
+         "bench_gpu": [(16384, 1024), (16384, 4096)],
+         "bench_sim": [(5, 33)]}
+
+define_op("softmax", reference=reference, make_inputs=make_inputs, chapter=8, title="softmax over rows",
+          size_names=("M", "N"), kind="memory", tol=TOL, output_names=("y",), sizes=SIZES,
+          flops=lambda s: 5 * s[0] * s[1], bytes=lambda s, b: 2 * s[0] * s[1] * b)
+define_op("softmax_bwd", reference=reference_bwd, make_inputs=make_inputs_bwd, chapter=8,
+          title="softmax backward", size_names=("M", "N"), kind="memory",
+          tol=(1e-5, 1e-6),  # a dot product of N terms per row; values O(1)
+          output_names=("dx",), sizes=SIZES,
+          flops=lambda s: 4 * s[0] * s[1], bytes=lambda s, b: 3 * s[0] * s[1] * b)
+
+
+# --------------------------------------------------------------------------------------------- CPU
+@njit(cache=True)
+def softmax_naive_rows(y, x):
+    m, n = x.shape
+    for i in range(m):
+        s = np.float32(0.0)
+        for j in range(n):
+            s += np.exp(x[i, j])  # exp(89) = inf in float32: one large logit ruins the row
+        for j in range(n):
+            y[i, j] = np.exp(x[i, j]) / s
+
+
+@register("softmax", "cpu", "naive", rung=1)
+def softmax_naive(y, x):
+    """Straight from the formula: sum exp(x), then divide. Two passes over x, two exps per element.
+    Overflows (inf/inf = NaN) as soon as a logit passes ~88, and gives 0/0 = NaN on a fully masked row."""
+    softmax_naive_rows(y, x)
+
+
+@njit(cache=True)
+def softmax_safe_rows(y, x):
+    m, n = x.shape
+    for i in range(m):
+        mx = np.float32(-np.inf)
+        for j in range(n):
+            mx = max(mx, x[i, j])
+        if mx == -np.inf:  # fully masked row: the reference's zeros
+            y[i, :] = 0.0
+            continue
+        s = np.float32(0.0)
+        for j in range(n):
+            s += np.exp(x[i, j] - mx)  # every term in (0, 1]: no overflow, and s >= 1
+        inv = np.float32(1.0) / s
+        for j in range(n):
+            y[i, j] = np.exp(x[i, j] - mx) * inv
+
+
+@register("softmax", "cpu", "safe", rung=2)
+def softmax_safe(y, x):
+    """Subtract the row max before exp: softmax(x) = softmax(x - c) for any c, and with c = max every
+    exp is <= 1, so nothing overflows. The price: a third pass over x (max, sum, write)."""
+    softmax_safe_rows(y, x)
+
+
+@njit(cache=True)
+def _online_row(y, x, i):
+    n = x.shape[1]
+    mx = np.float32(-np.inf)
+    s = np.float32(0.0)
+    for j in range(n):  # one pass: keep sum exp(x - mx) valid for the max seen SO FAR
+        v = x[i, j]
+        if v > mx:
+            s = s * np.exp(mx - v) + np.float32(1.0)  # a new max: rescale the old sum to it
+            mx = v
+        elif v > -np.inf:
+            s += np.exp(v - mx)
+    if mx == -np.inf:
+        y[i, :] = 0.0
+        return
+    inv = np.float32(1.0) / s
+    for j in range(n):
+        y[i, j] = np.exp(x[i, j] - mx) * inv
+
+
+@njit(cache=True)
+def softmax_online_rows(y, x):
+    for i in range(x.shape[0]):
+        _online_row(y, x, i)
+
+
+@register("softmax", "cpu", "online", rung=3)
+def softmax_online(y, x):
+    """Online softmax: one pass tracks the running max m and the sum s of exp(x - m); when a larger
+    value arrives, s is rescaled by exp(m_old - m_new). Two passes over x instead of three: predict
+    ~1.5x less memory traffic than the safe rung (more exps, but exps are cheap next to DRAM)."""
+    softmax_online_rows(y, x)
+
+
+@njit(parallel=True, cache=True)
+def softmax_online_prange_rows(y, x):
+    for i in prange(x.shape[0]):
+        _online_row(y, x, i)
+
+
+@register("softmax", "cpu", "online_prange", rung=4)
+def softmax_online_prange(y, x):
+    """Rung 3 with rows spread over the cores (rows are independent). Predict up to cores x on rows
+    that fit in cache, less once DRAM bandwidth is shared."""
+    softmax_online_prange_rows(y, x)
+
+
+@njit(cache=True)
+def softmax_bwd_rows(dx, dy, y):
+    m, n = y.shape
+    for i in range(m):
+        dot = np.float32(0.0)
+        for j in range(n):
+            dot += dy[i, j] * y[i, j]
+        for j in range(n):
+            dx[i, j] = y[i, j] * (dy[i, j] - dot)
+
+
+@register("softmax_bwd", "cpu", "loop", rung=1)
+def softmax_bwd_cpu(dx, dy, y):
+    """Two passes per row: the dot <dy, y>, then dx = y * (dy - dot). The M x N x N Jacobian is never
+    formed: its product with dy collapses to one dot product per row."""
+    softmax_bwd_rows(dx, dy, y)
+
+
+# ---------------------------------------------------------------- GPU: block-level online combination
+@cuda.jit(device=True, inline="always")
+def online_combine(m1, s1, m2, s2):
+    """Merge two partial softmax states (max m, sum s of exp(x - m)) into one, for the larger max."""
+    m = m1 if m1 >= m2 else m2
+    if m == NEG_INF:  # both parts empty (fully masked): exp(-inf - -inf) would be NaN
+        return m, ZERO
+    return m, s1 * math.exp(m1 - m) + s2 * math.exp(m2 - m)
+
+
+@cuda.jit(device=True, inline="always")
+def block_online_smem(m, s, bm, bs):
+    """Shared-memory tree over (m, s) pairs; bm, bs: shared float32[blockDim.x] (a power of two)."""
+    tid = cuda.threadIdx.x
+    bm[tid] = m
+    bs[tid] = s
+    cuda.syncthreads()
+    st = cuda.blockDim.x // 2
+    while st > 0:
+        if tid < st:
+            mm, ss = online_combine(bm[tid], bs[tid], bm[tid + st], bs[tid + st])
+            bm[tid] = mm
+            bs[tid] = ss
+        cuda.syncthreads()
+        st //= 2
+    m = bm[0]
+    s = bs[0]
+    cuda.syncthreads()
+    return m, s
+
+
+@cuda.jit(device=True, inline="always")
+def warp_online(m, s):
+    off = 16
+    while off > 0:
+        m2 = cuda.shfl_xor_sync(0xFFFFFFFF, m, off)
+        s2 = cuda.shfl_xor_sync(0xFFFFFFFF, s, off)
+        m, s = online_combine(m, s, m2, s2)
+        off //= 2
+    return m, s
+
+
+@cuda.jit(device=True, inline="always")
+def block_online_shfl(m, s, wm, ws):
+    """Warp shuffles, one (m, s) per warp through shared float32[32] buffers, shuffles again."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    m, s = warp_online(m, s)
+    if lane == 0:
+        wm[tid // 32] = m
+        ws[tid // 32] = s
+    cuda.syncthreads()
+    if lane < (cuda.blockDim.x + 31) // 32:
+        m = wm[lane]
+        s = ws[lane]
+    else:
+        m = NEG_INF
+        s = ZERO
+    return warp_online(m, s)
+
+
+# ------------------------------------------------------------------------- GPU: streaming rungs 1-3
+def make_naive_kernel(threads):
+    @cuda.jit(fastmath=FAST_MATH)
+    def softmax_naive_kernel(y, x):
+        # x (M,N) -> y (M,N): block = row, threads stride over its columns
+        buf = cuda.shared.array(threads, float32)
+        row = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        n = x.shape[1]
+        s = ZERO
+        for c in range(tid, n, threads):
+            s += math.exp(x[row, c])
+        total = block_sum_smem(s, buf)
+        for c in range(tid, n, threads):
+            y[row, c] = math.exp(x[row, c]) / total
+
+    return softmax_naive_kernel
+
+
+def make_safe_kernel(threads):
+    @cuda.jit(fastmath=FAST_MATH)
+    def softmax_safe_kernel(y, x):
+        buf = cuda.shared.array(threads, float32)
+        row = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        n = x.shape[1]
+        m = NEG_INF
+        for c in range(tid, n, threads):  # pass 1: max
+            m = max(m, x[row, c])
+        mx = block_max_smem(m, buf)
+        mx_safe = mx if mx != NEG_INF else ZERO
+        s = ZERO
+        for c in range(tid, n, threads):  # pass 2: sum of exp(x - max), each term <= 1
+            s += math.exp(x[row, c] - mx_safe)
+        total = block_sum_smem(s, buf)
+        inv = ONE / total if total > ZERO else ZERO
+        for c in range(tid, n, threads):  # pass 3: write
+            y[row, c] = math.exp(x[row, c] - mx_safe) * inv
+
+    return softmax_safe_kernel
+
+
+def make_online_kernel(threads):
+    @cuda.jit(fastmath=FAST_MATH)
+    def softmax_online_kernel(y, x):
+        bm = cuda.shared.array(threads, float32)
+        bs = cuda.shared.array(threads, float32)
+        row = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        n = x.shape[1]
+        m = NEG_INF
+        s = ZERO
+        for c in range(tid, n, threads):  # pass 1: running (max, sum) per thread
+            v = x[row, c]
+            if v > m:
+                s = s * math.exp(m - v) + ONE
+                m = v
+            elif v > NEG_INF:
+                s += math.exp(v - m)
+        mx, total = block_online_smem(m, s, bm, bs)  # one reduction of (max, sum) pairs
+        mx_safe = mx if mx != NEG_INF else ZERO
+        inv = ONE / total if total > ZERO else ZERO
+        for c in range(tid, n, threads):  # pass 2: write
+            y[row, c] = math.exp(x[row, c] - mx_safe) * inv
+
+    return softmax_online_kernel
+
+
+# ----------------------------------------------------------------------- GPU: register rungs 4 and 5
+def make_regs_kernel(threads, items, shuffle):
+    """Kernel for rows of at most threads*items elements, thread t holding columns t, t+T, t+2T, ...
+    ``items`` and ``threads`` are compile-time constants, so the loops unroll and ``v`` lives in registers."""
+    nbuf = 32 if shuffle else threads
+
+    @cuda.jit(fastmath=FAST_MATH)
+    def softmax_regs_kernel(y, x):
+        bm = cuda.shared.array(nbuf, float32)
+        bs = cuda.shared.array(nbuf, float32)
+        row = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        n = x.shape[1]
+        v = cuda.local.array(items, float32)
+        m = NEG_INF
+        if n == threads * items:  # a full row (the common case): no bounds tests between the loads
+            for k in range(items):  # the ONLY read of x: `items` independent loads in flight per thread
+                v[k] = x[row, tid + k * threads]
+        else:
+            for k in range(items):
+                c = tid + k * threads
+                v[k] = x[row, c] if c < n else NEG_INF  # padding: exp(-inf) = 0 adds nothing
+        for k in range(items):
+            m = max(m, v[k])
+        m_safe = m if m != NEG_INF else ZERO
+        s = ZERO
+        for k in range(items):  # exp once per element, kept for the write
+            e = math.exp(v[k] - m_safe)
+            v[k] = e
+            s += e
+        if shuffle:
+            mx, total = block_online_shfl(m, s, bm, bs)
+        else:
+            mx, total = block_online_smem(m, s, bm, bs)
+        # this thread's exps are relative to its own max m <= mx: one rescale factor for all of them
+        scale = math.exp(m - mx) / total if (total > ZERO and m != NEG_INF) else ZERO
+        for k in range(items):
+            c = tid + k * threads
+            if c < n:
+                y[row, c] = v[k] * scale
+
+    return softmax_regs_kernel
+
+
+_kernels: dict = {}
+
+
+def kernel(kind, *cfg):
+    key = (kind, *cfg)
+    if key not in _kernels:
+        make = {"naive": make_naive_kernel, "safe": make_safe_kernel, "online": make_online_kernel,
+                "regs": make_regs_kernel}[kind]
+        _kernels[key] = make(*cfg)
+    return _kernels[key]
+
+
+SIG = "void(float32[:, ::1], float32[:, ::1])"
+PTX_STREAM = 256  # the configuration compiled by `kernels ptx` (the one used at large N)
+
+
+def _launch_streaming(kind, y, x):
+    t = row_threads_streaming(x.shape[1])
+    kernel(kind, t)[x.shape[0], t](y, x)
+
+
+@register("softmax", "gpu", "naive", rung=1, ptx=[(kernel("naive", PTX_STREAM), SIG)])
+def softmax_naive_gpu(y, x):
+    """One block per row; threads stride over the columns, a shared-memory tree sums exp(x). The row is
+    read twice (sum, then write): 3 DRAM passes instead of 2 if L2 cannot hold it between the two, so
+    predict well below copy bandwidth; and it overflows like the CPU naive rung."""
+    _launch_streaming("naive", y, x)
+
+
+@register("softmax", "gpu", "safe", rung=2, ptx=[(kernel("safe", PTX_STREAM), SIG)])
+def softmax_safe_gpu(y, x):
+    """Max, then sum of exp(x - max), then write: three reads of the row and two block reductions.
+    Stable, and slower than rung 1 (predict ~3/4 of its speed if every read went to DRAM)."""
+    _launch_streaming("safe", y, x)
+
+
+@register("softmax", "gpu", "online", rung=3, ptx=[(kernel("online", PTX_STREAM), SIG)])
+def softmax_online_gpu(y, x):
+    """Online: each thread keeps a running (max, sum), and ONE block reduction merges the (max, sum)
+    pairs. Back to two reads of the row, as stable as rung 2: predict rung 1's speed."""
+    _launch_streaming("online", y, x)
+
+
+def _launch_regs(shuffle, y, x):
+    cfg = row_config(x.shape[1], THREADS)
+    if cfg is None:  # a row too long for registers: stream it instead
+        return _launch_streaming("online", y, x)
+    t, e = cfg
+    kernel("regs", t, e, shuffle)[x.shape[0], t](y, x)
+
+
+@register("softmax", "gpu", "regs", rung=4, ptx=[(kernel("regs", 512, 8, False), SIG)])
+def softmax_regs(y, x):
+    """The row goes from DRAM to registers once (each of T threads holds N/T values, e.g. 512 threads x
+    8 at N = 4096), the exps are computed once and kept, and y is written from registers: exactly
+    2MN*4 bytes move. Predict close to copy bandwidth, limited by the shared-memory tree's 9 barriers.
+    This is also the simulator's version of rung 5. Rows longer than 1024*16 fall back to rung 3."""
+    _launch_regs(False, y, x)
+
+
+@register("softmax", "gpu", "regs_shfl", rung=5, ptx=[(kernel("regs", 512, 8, True), SIG)],
+          requires=needs_real_gpu)
+def softmax_regs_shfl(y, x):
+    """Rung 4 with the (max, sum) reduction done by warp shuffles: two barriers per row instead of
+    ~10. Predict >= 85 % of copy bandwidth at 16384 x 4096."""
+    _launch_regs(True, y, x)
+
+
+# torch interop: cache the zero-copy views so a timed call does not pay to build them
+_views: dict = {}
+
+
+def _tv(a):
+    hit = _views.get(id(a))
+    if hit is None or hit[0] is not a:
+        hit = _views[id(a)] = (a, as_torch(a))
+    return hit[1]
+
+
+@register("softmax", "gpu", "torch", baseline=True, requires=torch_gpu)
+def softmax_torch(y, x):
+    """torch's CUDA softmax (aten._softmax with out=), writing directly into y."""
+    import torch
+
+    torch.ops.aten._softmax.out(_tv(x), -1, False, out=_tv(y))
+
+
+def eager_torch(x):
+    """torch eager as a user calls it (allocates its output): for the same-run comparison in chapter 8."""
+    import torch
+
+    return torch.softmax(x, dim=-1)
+
+
+# ---------------------------------------------------------------------------------- GPU: backward
+def make_bwd_kernel(threads):
+    @cuda.jit(fastmath=FAST_MATH)
+    def softmax_bwd_kernel(dx, dy, y):
+        # dy, y (M,N) -> dx (M,N): block = row; pass 1 the dot <dy, y>, pass 2 the write
+        buf = cuda.shared.array(threads, float32)
+        row = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        n = y.shape[1]
+        d = ZERO
+        for c in range(tid, n, threads):
+            d += dy[row, c] * y[row, c]
+        dot = block_sum_smem(d, buf)
+        for c in range(tid, n, threads):
+            dx[row, c] = y[row, c] * (dy[row, c] - dot)
+
+    return softmax_bwd_kernel
+
+
+SIG_BWD = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
+_bwd_kernels: dict = {}
+
+
+def _bwd(t):
+    if t not in _bwd_kernels:
+        _bwd_kernels[t] = make_bwd_kernel(t)
+    return _bwd_kernels[t]
+
+
+@register("softmax_bwd", "gpu", "row", rung=1, ptx=[(_bwd(PTX_STREAM), SIG_BWD)])
+def softmax_bwd_gpu(dx, dy, y):
+    """One block per row: a shared-memory tree for the dot, then dx = y * (dy - dot). Reads dy and y
+    twice (the second time mostly from L2), writes dx once: predict 60-80 % of copy bandwidth."""
+    t = row_threads_streaming(y.shape[1])
+    _bwd(t)[y.shape[0], t](dx, dy, y)
