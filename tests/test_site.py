@@ -10,7 +10,8 @@ page it asserts:
 - every image has loaded (naturalWidth > 0);
 - MathJax typeset every math element, without a MathJax error;
 - every widget snapshot rendered (a page with saved widget state shows rendered widget DOM);
-- every internal link resolves (target file exists, and the #fragment exists in it).
+- every internal link resolves (target file exists, and the #fragment exists in it);
+- a chapter (notebooks/) with code cells shows outputs, i.e. it was executed.
 
 A full-page screenshot of each page goes to `_build/screenshots/` (look at them: a passing test can still
 look wrong). Set KFS_SITE_DIR to test another built site.
@@ -34,8 +35,8 @@ SHOTS = SITE.parent / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-# Generated pages that are not content (the index.html at the root only redirects to the intro).
-NOT_CONTENT = {"index.html", "genindex.html", "search.html", "py-modindex.html"}
+# The index.html at the root only redirects to the intro page (its link is checked like any other).
+NOT_CONTENT = {"index.html"}
 SKIP_DIRS = {"_static", "_sources", "_images", "reports", "jupyter_execute", "_downloads"}
 
 def _pages() -> list[str]:
@@ -142,6 +143,8 @@ _INSPECT = """async () => {
         .map(s => s.textContent.slice(0, 120)),
     widgetErrors: Array.from(document.querySelectorAll('.jupyter-widgets .widget-error, .jupyter-widgets-error-widget'))
         .map(e => e.textContent.slice(0, 120)),
+    codeCells: document.querySelectorAll('.cell .cell_input').length,
+    cellOutputs: document.querySelectorAll('.cell .cell_output').length,
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
   };
 }"""
@@ -185,6 +188,8 @@ def test_page(page, site_url, browser):
             problems.append("page has saved widget state but no widget view")
         problems += [f"widget snapshot not rendered: {t}" for t in info["widgetsUnrendered"]]
         problems += [f"widget error: {t!r}" for t in info["widgetErrors"]]
+        if page.startswith("notebooks/") and info["codeCells"] and not info["cellOutputs"]:
+            problems.append(f"chapter has {info['codeCells']} code cells and no output: was it executed?")
         for href in sorted(set(info["links"])):
             why = _broken_link(href, site_url)
             if why:
