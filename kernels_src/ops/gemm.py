@@ -623,7 +623,7 @@ def make_blocktile2d(BM=128, BN=128, BK=8, TM=8, TN=8, hinted=False):
     return launch
 
 
-def make_warptile(BM=128, BN=128, BK=8, TM=8, TN=8, pad=4, dbuf=False, wr=4, wc=8, minblocks=None):
+def make_warptile(BM=128, BN=128, BK=8, TM=8, TN=8, pad=4, dbuf=False, wr=4, wc=8, minblocks=None, unroll=1):
     """Rungs 7-9. Three changes against rung 6, all about shared memory:
 
     - ``pad``: the transposed A tile gets ``pad`` spare columns (As[k, BM+pad]). Threads that store
@@ -645,6 +645,7 @@ def make_warptile(BM=128, BN=128, BK=8, TM=8, TN=8, pad=4, dbuf=False, wr=4, wc=
     BMP = BM + pad
     WPR = TC // wc  # warps across the thread grid
     NBUF = 2 if dbuf else 1
+    UNROLL = unroll  # k steps per trip of the inner loop
     SROWS = NBUF * BK  # shared-array shapes must be compile-time constants: computed here
     align = SMEM_ALIGN
     assert wr * wc == 32 and TR % wr == 0 and TC % wc == 0 and TM % 4 == 0 and TN % 4 == 0
@@ -707,17 +708,18 @@ def make_warptile(BM=128, BN=128, BK=8, TM=8, TN=8, pad=4, dbuf=False, wr=4, wc=
                 cuda.syncthreads()
             if t >= NBUF - 1:
                 kb = ((t - NBUF + 1) & (NBUF - 1)) * BK  # first row of the buffer to compute from
-                for k in range(BK):
-                    kk = kb + (k & (BK - 1))  # "& (BK-1)" = k, but proves kk >= 0 to the compiler
-                    for p in range(QM):
-                        for q in range(4):
-                            rm[p * 4 + q] = As[kk, p * TR * 4 + ty * 4 + q]
-                    for p in range(QN):
-                        for q in range(4):
-                            rn[p * 4 + q] = Bs[kk, p * TC * 4 + tx * 4 + q]
-                    for i in range(TM):
-                        for j in range(TN):
-                            acc[i, j] += rm[i] * rn[j]
+                for k0 in range(0, BK, UNROLL):
+                    for u in range(UNROLL):  # a constant-length loop: fully unrolled by the compiler
+                        kk = kb + ((k0 + u) & (BK - 1))  # "& (BK-1)" changes nothing but proves kk >= 0
+                        for p in range(QM):
+                            for q in range(4):
+                                rm[p * 4 + q] = As[kk, p * TR * 4 + ty * 4 + q]
+                        for p in range(QN):
+                            for q in range(4):
+                                rn[p * 4 + q] = Bs[kk, p * TC * 4 + tx * 4 + q]
+                        for i in range(TM):
+                            for j in range(TN):
+                                acc[i, j] += rm[i] * rn[j]
             if dbuf and t < ntiles:  # tile t goes to the buffer nobody is reading
                 sb = (t & 1) * BK
                 for s in range(LA):
@@ -743,7 +745,7 @@ def make_warptile(BM=128, BN=128, BK=8, TM=8, TN=8, pad=4, dbuf=False, wr=4, wc=
 
     launch.kernel = kernel
     launch.config = dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, pad=pad, dbuf=dbuf, threads=NT,
-                         warp=(wr, wc), minblocks=minblocks)
+                         warp=(wr, wc), minblocks=minblocks, unroll=unroll)
     return launch
 
 
@@ -751,7 +753,7 @@ _bt2d = make_blocktile2d(hinted=False)
 _hinted = make_blocktile2d(hinted=True)
 _cfree = make_warptile(dbuf=False)
 _dbuf = make_warptile(dbuf=True)
-TUNED = dict(BM=128, BN=128, BK=8, TM=8, TN=8, pad=4, dbuf=True)  # replaced by the H100 sweep's winner
+TUNED = dict(BM=128, BN=256, BK=8, TM=8, TN=16, pad=4, dbuf=True)  # the sweep's winner (gemm_sweep.json)
 _tuned = make_warptile(**TUNED)
 
 
@@ -804,17 +806,12 @@ def gemm_tuned(C, A, B):
 
 SWEEP = [  # candidate shapes for the autotuning sweep (run_sweep times each on the GPU)
     dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True),
-    dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True, pad=0),
     dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True, wr=8, wc=4),
-    dict(BM=128, BN=128, BK=16, TM=8, TN=8, dbuf=True),
-    dict(BM=128, BN=64, BK=16, TM=8, TN=8, dbuf=True),
-    dict(BM=64, BN=128, BK=16, TM=8, TN=8, dbuf=True),
     dict(BM=128, BN=256, BK=8, TM=8, TN=16, dbuf=True),
-    dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True, minblocks=2),
-    dict(BM=128, BN=128, BK=16, TM=8, TN=8, dbuf=True, minblocks=2),
-    dict(BM=64, BN=64, BK=16, TM=4, TN=8, dbuf=True),
-    dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=False),
-    dict(BM=256, BN=128, BK=8, TM=16, TN=8, dbuf=True),
+    dict(BM=128, BN=256, BK=8, TM=8, TN=16, dbuf=True, wr=8, wc=4),
+    dict(BM=128, BN=256, BK=8, TM=8, TN=16, dbuf=False),
+    dict(BM=64, BN=256, BK=8, TM=4, TN=16, dbuf=True),
+    dict(BM=256, BN=128, BK=8, TM=16, TN=8, dbuf=True, wr=8, wc=4),
 ]
 
 
@@ -917,3 +914,31 @@ def resource_report(path=None) -> list:
         with open(path, "w") as f:
             json.dump(rows, f, indent=1)
     return rows
+
+
+def dump_sass(outdir, names=("blocktile2d", "hinted", "dbuf")) -> None:
+    """Write the SASS (the GPU's real machine code, via nvdisasm) of some rungs to ``outdir``.
+
+    Needs a real GPU and the CUDA toolkit's nvdisasm; counts of the instructions that matter are
+    printed: LDS (scalar shared loads), LDS.128 (16-byte ones), FFMA, and local-memory LDL/STL.
+    """
+    import os
+    import re
+
+    from ..registry import get_variant
+
+    A = cuda.to_device(np.ones((70, 30), np.float32))
+    B = cuda.to_device(np.ones((30, 50), np.float32))
+    C = cuda.to_device(np.zeros((70, 50), np.float32))
+    for name in names:
+        v = get_variant(f"gemm/gpu/{name}")
+        v.fn(C, A, B)
+        k = v.ptx[0][0]
+        sass = _one(k.inspect_sass())
+        with open(os.path.join(outdir, f"gemm_sass_{name}.txt"), "w") as f:
+            f.write(sass)
+        counts = {op: len(re.findall(pat, sass)) for op, pat in
+                  (("LDS", r"\bLDS(\.32)?\s"), ("LDS.64", r"\bLDS\.64\b"), ("LDS.128", r"\bLDS\.128\b"),
+                   ("FFMA", r"\bFFMA\b"), ("LDL", r"\bLDL\b"), ("STL", r"\bSTL\b"), ("IMAD", r"\bIMAD"),
+                   ("IADD3", r"\bIADD3\b"))}
+        print(name, counts, flush=True)
