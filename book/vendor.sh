@@ -10,7 +10,9 @@ cd "$tmp"
 npm pack --silent requirejs@2.3.7 @jupyter-widgets/html-manager@1.0.6 mathjax@3.2.2 >/dev/null
 for f in *.tgz; do mkdir -p "${f%.tgz}"; tar xzf "$f" -C "${f%.tgz}"; done
 out="$here/_vendor"
-rm -rf "$out"; mkdir -p "$out/widgets" "$out/mathjax"
+# Keep our own files (widgets/offline-config.js: see its header), replace everything that came from npm.
+rm -rf "$out/mathjax"; mkdir -p "$out/widgets" "$out/mathjax"
+find "$out/widgets" -mindepth 1 ! -name offline-config.js -exec rm -rf {} +
 cp requirejs-2.3.7/package/require.js "$out/widgets/"
 cp requirejs-2.3.7/package/LICENSE "$out/widgets/LICENSE.requirejs" 2>/dev/null || true
 find jupyter-widgets-html-manager-1.0.6/package/dist -maxdepth 1 -type f ! -name '*.map' ! -name embed.js -exec cp {} "$out/widgets/" \;
