@@ -945,3 +945,72 @@ def dump_sass(outdir, names=("blocktile2d", "hinted", "dbuf")) -> None:
                    ("FFMA", r"\bFFMA\b"), ("LDL", r"\bLDL\b"), ("STL", r"\bSTL\b"), ("IMAD", r"\bIMAD"),
                    ("IADD3", r"\bIADD3\b"))}
         print(name, counts, flush=True)
+
+
+def inner_loop(ptx: str) -> str:
+    """The PTX of the loop that holds a kernel's FMAs (from the label before the first FMA to the branch
+    after the last): the part of the kernel that runs K/BK times per thread."""
+    lines = ptx.splitlines()
+    fmas = [i for i, ln in enumerate(lines) if "fma.rn" in ln]
+    if not fmas:
+        return ""
+    lo, hi = fmas[0], fmas[-1]
+    while lo > 0 and not lines[lo].startswith("$L__"):
+        lo -= 1
+    while hi < len(lines) - 1 and "bra" not in lines[hi]:
+        hi += 1
+    return "\n".join(lines[lo:hi + 1])
+
+
+def write_codegen_evidence(path, sass_dir=None) -> dict:
+    """Compile every GPU rung to PTX for sm_90 (no GPU needed: run with KERNELS_DEVICE=ptx), count the
+    instructions that matter, ask ptxas (through nvJitLink) for registers and spills, keep the inner
+    loops of rungs 5 and 6, and add the SASS counts measured on the GPU if ``sass_dir`` holds them."""
+    import json
+    import re
+    from collections import Counter
+    from pathlib import Path
+
+    from ..registry import variants
+
+    ev = {"note": "PTX compiled for sm_90 by numba-cuda's NVVM; registers from ptxas via nvJitLink", "ptx": [],
+          "inner_loop": {}, "sass": {}}
+    for v in variants("gemm", "gpu", baselines=False):
+        rep = ptx_report(v.ptx[0][0])
+        loop = inner_loop(rep["ptx"])
+        ops = Counter(ln.split()[0] for ln in loop.splitlines() if ln.strip() and not ln.startswith("$"))
+        ev["ptx"].append({"variant": v.name, "rung": v.rung, "ptx_registers": rep.get("registers"),
+                          "spill_stores": rep.get("spill_stores"), "counts": rep["counts"],
+                          "loop_instructions": sum(ops.values()), "loop_fma": ops.get("fma.rn.ftz.f32", 0)})
+        if v.name in ("blocktile2d", "hinted"):
+            ev["inner_loop"][v.name] = loop
+    if sass_dir:
+        ev["sass_loop"] = {}
+        for f in sorted(Path(sass_dir).glob("gemm_sass_*.txt")):
+            name = f.stem.replace("gemm_sass_", "")
+            loop = sass_inner_loop(f.read_text())
+            ev["sass"][name] = {op: len(re.findall(pat, loop)) for op, pat in
+                                (("LDS", r"\bLDS(\.32)?\s"), ("LDS.128", r"\bLDS\.128\b"), ("FFMA", r"\bFFMA\b"),
+                                 ("IMAD", r"\bIMAD"), ("IADD3", r"\bIADD3\b"), ("LDL", r"\bLDL\b"),
+                                 ("STL", r"\bSTL\b"))}
+            ev["sass"][name]["all"] = len(re.findall(r"/\*[0-9a-f]{4,}\*/", loop))
+            ev["sass_loop"][name] = loop
+    Path(path).write_text(json.dumps(ev, indent=1) + "\n")
+    return ev
+
+
+def sass_inner_loop(sass: str) -> str:
+    """The SASS loop (label ... backward BRA to it) that holds the most FFMAs."""
+    import re
+
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^\s*(\.L_x_\d+):", ln))}
+    best = (0, "")
+    for j, ln in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
+        if m and m.group(1) in labels and labels[m.group(1)] < j:
+            body = lines[labels[m.group(1)]:j + 1]
+            n = sum("FFMA" in b for b in body)
+            if n > best[0]:
+                best = (n, "\n".join(b.rstrip() for b in body if b.strip()))
+    return best[1]
