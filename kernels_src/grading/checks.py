@@ -164,8 +164,10 @@ def _suffix_run(mask: np.ndarray) -> int:
     return int(idx.size) if idx[0] == mask.size - idx.size else 0
 
 
-def hints_for_mismatch(spec, got, ref, bad, unwritten, launches) -> list[str]:
+def hints_for_mismatch(spec, got, ref, bad, unwritten, launches, inputs=()) -> list[str]:
     hints = []
+    # elementwise: the output has the shape of an input array, so output index i is thread/iteration i
+    elementwise = any(isinstance(a, np.ndarray) and a.shape == ref.shape for a in inputs)
     flat_bad, flat_unw = bad.reshape(-1), unwritten.reshape(-1)
     n = ref.size
     if unwritten.all() and n == 1:
@@ -203,13 +205,17 @@ def hints_for_mismatch(spec, got, ref, bad, unwritten, launches) -> list[str]:
         hints.append(f"{int(flat_unw.sum())} element(s) were never written (the first at flat index {first}): check "
                      "how each thread or loop iteration computes its index (blockIdx.x * blockDim.x + threadIdx.x, "
                      "the stride of a loop)")
-    if launches and spec.kind == "gpu":
+    if launches and spec.kind == "gpu" and elementwise:
         bsize = int(np.prod(launches[-1]["block"]))
-        if ref.ndim == 1 and bsize and n % bsize and flat_bad.any():
+        if ref.ndim == 1 and bsize and n % bsize and n > bsize and flat_bad.any():
             tail_start = (n // bsize) * bsize
             if np.flatnonzero(flat_bad)[0] >= tail_start and not k:
                 hints.append(f"only elements in the last, partial block (index {tail_start} and up) are wrong: a "
                              "bounds-guard problem in the block that runs past the end of the array")
+    if not elementwise and ref.ndim == 1 and n > 1 and flat_bad[-1] and not flat_bad[:-1].any() and not k:
+        hints.append("only the last output element is wrong: it comes from the last, partial block of the input; "
+                     "check how the threads or iterations past the end are handled (they must contribute nothing, "
+                     "and the guard must be `i < n`)")
     produced_nan = (~unwritten) & ~np.isfinite(got) & np.isfinite(ref)
     if produced_nan.any():
         hints.append(f"your code produced NaN or Inf at {int(produced_nan.sum())} element(s) where the result is "
@@ -370,7 +376,10 @@ def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdi
         launches = rec.get("launches", [])
         if err:
             where = f" at {err['where']}" if err.get("where") else ""
-            problems.append(f"raised {err['type']}: {err['message']}{where}")
+            if err["type"] == "OutputLimit":
+                problems.append(f"{err['message']}{where}")
+            else:
+                problems.append(f"raised {err['type']}: {err['message']}{where}")
             problems += ["hint: " + h for h in hints_for_error(err, spec)]
         if rec.get("shortcut_calls"):
             problems.append("calls " + ", ".join(rec["shortcut_calls"]) + " instead of computing the answer: "
@@ -427,7 +436,7 @@ def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdi
                     lines.append("  (they were never written, and matched only because the result there is NaN)")
                 problems += lines
                 problems += ["hint: " + h for h in hints_for_mismatch(spec, np.asarray(got), np.asarray(ref), bad,
-                                                                       unwritten, launches)]
+                                                                       unwritten, launches, inputs)]
             for k, a in enumerate(inputs):
                 if isinstance(a, np.ndarray):
                     after = res.outputs.get("after_" + job_cases[ci]["inputs"][k])

@@ -117,5 +117,9 @@ def write_ipynb(nb, path) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nbformat.from_dict(nb), path)
+    nb = nbformat.from_dict(nb)
+    for i, c in enumerate(nb.cells):
+        c["id"] = f"cell-{i}"
+    nb.nbformat, nb.nbformat_minor = 4, 5
+    nbformat.write(nb, path)
     return path

@@ -72,9 +72,13 @@ def _clean_notebook(nb, slug: str):
             md.pop("deletable", None)
             md.pop("editable", None)
     keep = {k: nb.metadata[k] for k in ("kernelspec", "jupytext") if k in nb.metadata}
+    if "otter" in nb.metadata:  # otter checks that a submission is for this assignment
+        keep["otter"] = {"assignment_name": nb.metadata["otter"].get("assignment_name", slug)}
     if "jupytext" in keep:
         keep["jupytext"] = {k: v for k, v in keep["jupytext"].items() if k in ("text_representation",)}
         keep["jupytext"]["text_representation"] = {"extension": ".md", "format_name": "myst"}
+        if "otter" in keep:
+            keep["jupytext"]["notebook_metadata_filter"] = "otter"
     nb.metadata = keep
     nb.nbformat, nb.nbformat_minor = 4, 5
     return nb

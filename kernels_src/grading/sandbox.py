@@ -24,7 +24,7 @@ import numpy as np
 
 DEFAULT_TIMEOUT = float(os.environ.get("KERNELS_GRADING_TIMEOUT", "60"))  # seconds of wall clock per run
 DEFAULT_MEMORY = int(os.environ.get("KERNELS_GRADING_MEMORY_MB", "3072")) << 20  # address space (numba maps ~0.8 GB)
-OUTPUT_LIMIT = 8 << 20  # bytes of stdout+stderr (RLIMIT_FSIZE: a child that prints more is stopped)
+OUTPUT_LIMIT = 32 << 20  # bytes per file written (RLIMIT_FSIZE): caps what student code can print
 STDOUT_TAIL = 2000  # characters of the child's output kept for the report
 _PASS_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "SYSTEMROOT",
              "NUMBA_CUDA_DRIVER", "NUMBA_CUDA_NVVM", "NUMBA_CUDA_LIBDEVICE")

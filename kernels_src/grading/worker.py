@@ -90,8 +90,15 @@ def _student_line(tb) -> int | None:
 
 
 def _exc_info(e: BaseException, where: Where) -> dict:
+    import errno
+
     line = _student_line(e.__traceback__)
     msg = str(e).strip()
+    if isinstance(e, OSError) and e.errno == errno.EFBIG:
+        from .sandbox import OUTPUT_LIMIT
+
+        return {"type": "OutputLimit", "message": f"your code printed more than {OUTPUT_LIMIT >> 20} MB of output "
+                "(the limit); print less", "line": line, "where": where(line) if line else ""}
     if len(msg) > 800:
         msg = msg[:800] + " ..."
     return {"type": type(e).__name__, "message": msg, "line": line, "where": where(line) if line else ""}
@@ -470,7 +477,10 @@ def ptx_job(job, mod, where, result) -> None:
                 text = ptx.compile_one(kobj, sig)
                 entry.update(ok=True, lines=text.count("\n"))
             except Exception as e:  # noqa: BLE001  (a typing error is the finding)
+                import re
+
                 msg = " ".join(str(e).split())
+                msg = re.sub(r"[^\s\"']*/submission\.py", "submission.py", msg)
                 line = _student_line(e.__traceback__)
                 entry.update(ok=False, type=type(e).__name__, message=msg[:1500])
                 import re

@@ -1,0 +1,143 @@
+"""``kernels grade`` and ``kernels exercises``: the grading subcommands of the course CLI.
+
+    kernels exercises [NAME ...] [--check]           generate exercises/ and _build/autograder/ (--check: only
+                                                      report whether the committed exercises/ are up to date)
+    kernels grade SUBMISSIONS --out gradebook.csv    grade a folder (or one file) of submissions
+          [--exercise chNN_slug | --autograder PATH] [--jobs N] [--force] [--no-otter]
+    kernels grade --solution chNN_slug               grade the master's solution (must be full marks)
+    kernels racecheck FILE.py KERNEL                 (see `kernels racecheck -h`)
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from .. import cli
+
+
+def cmd_exercises(args) -> int:
+    from . import exercises
+
+    if args.check:
+        with tempfile.TemporaryDirectory() as tmp:
+            exercises.generate(args.names or None, Path(tmp) / "exercises", Path(tmp) / "build", zip_=False, quiet=True)
+            drift = compare_trees(Path(tmp) / "exercises", exercises.EXERCISES, args.names)
+        for line in drift:
+            print(line)
+        print("exercises/ is up to date" if not drift else "exercises/ is out of date: run `make exercises`")
+        return 1 if drift else 0
+    exercises.generate(args.names or None)
+    return 0
+
+
+def compare_trees(fresh: Path, committed: Path, names=None) -> list[str]:
+    """Differences between freshly generated exercises and the committed ones (for the names generated)."""
+    out = []
+    for f in sorted(p for p in fresh.rglob("*") if p.is_file()):
+        rel = f.relative_to(fresh)
+        other = committed / rel
+        if not other.exists():
+            out.append(f"missing: exercises/{rel}")
+        elif other.read_bytes() != f.read_bytes():
+            out.append(f"differs: exercises/{rel}")
+    slugs = {p.stem for p in fresh.glob("*.md")}
+    for p in sorted(committed.rglob("*")):
+        if not p.is_file():
+            continue
+        rel = p.relative_to(committed)
+        slug = rel.parts[1] if rel.parts[0] == "tests" and len(rel.parts) > 2 else Path(rel.parts[0]).stem
+        if slug in slugs and not (fresh / rel).exists():
+            out.append(f"extra: exercises/{rel}")
+    return out
+
+
+def cmd_grade(args) -> int:
+    if args.solution:
+        return _grade_solution(args)
+    if not args.submissions:
+        print("error: give a folder of submissions (or --solution chNN_slug)", file=sys.stderr)
+        return 2
+    from .batch import grade_folder
+
+    out = args.out or "gradebook.csv"
+    summary = grade_folder(args.submissions, out, autograder=args.autograder, exercise=args.exercise, jobs=args.jobs,
+                           results_dir=args.results_dir, force=args.force, run_otter=not args.no_otter,
+                           progress=not args.quiet)
+    print(f"graded {summary['graded']}, skipped {summary['skipped']} already graded, of {summary['total']}; "
+          f"gradebook: {summary['gradebook']}; results: {summary['results_dir']}/<submission>/results.json")
+    return 0
+
+
+def _grade_solution(args) -> int:
+    from . import corpus, exercises
+    from .submission import grade_submission
+
+    slug = args.solution
+    build = exercises.BUILD / slug
+    if not (build / "source").exists() or args.regenerate:
+        exercises.generate([slug], quiet=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        nb = corpus.write_ipynb(corpus.solution_submission(slug), Path(tmp) / f"{slug}.ipynb")
+        rec = grade_submission(nb, build, jobs=args.jobs, run_otter=not args.no_otter)
+    for t in rec.results.get("tests", []):
+        if "max_score" in t:
+            print(f"{t['name']}: {t['score']} / {t['max_score']}")
+            if t["score"] < t["max_score"]:
+                print("    " + t.get("output", "").replace("\n", "\n    "))
+    print(rec.results.get("output", ""))
+    print(f"{slug} solution: {rec.score} / {rec.possible} in {rec.seconds:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rec.results, indent=2))
+    return 0 if rec.possible > 0 and rec.score == rec.possible else 1
+
+
+def cmd_racecheck(args) -> int:
+    """Run a kernel from a Python file once under the race detector, with arguments built by a function."""
+    import importlib.util
+
+    from .racecheck import racecheck
+
+    spec = importlib.util.spec_from_file_location("racecheck_target", args.file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    kernel = getattr(mod, args.kernel)
+    make = getattr(mod, args.args)
+    grid, block, *kargs = make()
+    rep = racecheck(kernel, grid, block, *kargs)
+    print(rep)
+    return 0 if rep.ok else 1
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("exercises", help="generate exercises/ and the autograder from solutions/")
+    s.add_argument("names", nargs="*", help="e.g. ch01_axpy (default: all)")
+    s.add_argument("--check", action="store_true", help="only check that exercises/ is up to date")
+    s.set_defaults(func=cmd_exercises)
+
+    s = sub.add_parser("grade", help="grade a folder of submissions into a gradebook (or --solution NAME)")
+    s.add_argument("submissions", nargs="?", help="a folder of submissions (.ipynb/.md/.zip or one folder each)")
+    s.add_argument("--out", help="gradebook CSV (default gradebook.csv)")
+    s.add_argument("--results-dir", help="where results/<id>/results.json go (default: next to the CSV)")
+    s.add_argument("--exercise", help="grade every submission as this exercise (chNN_slug)")
+    s.add_argument("--autograder", help="path to an autograder (zip, or _build/autograder/NAME)")
+    s.add_argument("--jobs", type=int, default=max(1, os.cpu_count() or 1), help="submissions graded at once")
+    s.add_argument("--force", action="store_true", help="regrade submissions that already have results")
+    s.add_argument("--no-otter", action="store_true", help="skip running the notebooks through otter (faster)")
+    s.add_argument("--solution", help="grade the solution of this exercise; exit 1 unless full marks")
+    s.add_argument("--regenerate", action="store_true", help="with --solution: run `make exercises` for it first")
+    s.add_argument("--json", help="with --solution: also write its results.json here")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_grade)
+
+    s = sub.add_parser("racecheck", help="run one simulated kernel under the shared-memory race detector")
+    s.add_argument("file", help="a Python file defining the kernel and a function returning (grid, block, *args)")
+    s.add_argument("kernel")
+    s.add_argument("--args", default="make_args", help="name of that function (default make_args)")
+    s.set_defaults(func=cmd_racecheck)
+
+
+if not any(getattr(f, "__module__", "") == __name__ for f in cli.EXTRA_COMMANDS):
+    cli.EXTRA_COMMANDS.append(add_commands)

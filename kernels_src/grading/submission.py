@@ -1,0 +1,442 @@
+"""Grade one submission: the trusted side of the autograder (used by Gradescope and `kernels grade`).
+
+Otter-grader runs a notebook and its tests in one Jupyter kernel, so code in the notebook can reach
+the tests (patch numpy, the checker, otter itself) or kill the kernel. Here, the score does not depend
+on that kernel:
+
+1. **Plan.** The autograder's test files (hidden ones included; ours, trusted) are loaded with otter and
+   their test functions run in *plan mode*: each ``check_cpu``/``check_gpu`` call records its spec.
+2. **Verdicts.** The submitted file is read here (a malformed or empty notebook gets 0 and a message),
+   reduced to its imports, definitions and constants (:mod:`.bundle`), and every check of the plan runs
+   in its own sandboxed process (:mod:`.checks`), with a fresh seed, a time limit and a memory limit.
+3. **Otter.** ``otter run``'s grading process executes the notebook with the tests, in a child process
+   with a time limit and a memory limit; there the checks only display the verdicts of step 2. This
+   produces the executed notebook's errors and otter's own view of the scores.
+4. **Merge.** Each otter test case passes if and only if its checks' verdicts passed; otter's
+   ``GradingResults`` turns that into Gradescope's ``results.json`` (points per case, public/hidden
+   visibility). If the notebook's own run disagrees (it claims a pass the verdicts deny), or crashed or
+   timed out, the record says so, and the verdicts still count.
+
+Nothing a submission does can stop a record from being written: every failure becomes a message.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import hashlib
+import io
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import VERDICTS_ENV, collect_plan
+from .bundle import Bundle, from_notebook, read_notebook
+from .checks import CheckSpec, Verdict, run_check
+
+NOTEBOOK_TIMEOUT = float(os.environ.get("KERNELS_NOTEBOOK_TIMEOUT", "300"))  # s for otter to run the notebook
+NOTEBOOK_MEMORY = int(os.environ.get("KERNELS_NOTEBOOK_MEMORY_MB", "6144")) << 20
+
+
+@dataclass
+class Autograder:
+    source: Path  # the unpacked autograder: tests/, otter_config.json, exercise.json
+    slug: str
+    config: dict
+    plan: dict  # test file name -> [[CheckSpec, ...] for each test case]
+    test_paths: dict  # test file name -> path
+
+    @property
+    def specs(self) -> list[CheckSpec]:
+        seen, out = set(), []
+        for cases in self.plan.values():
+            for specs in cases:
+                for s in specs:
+                    if s.key not in seen:
+                        seen.add(s.key)
+                        out.append(s)
+        return out
+
+
+def load_autograder(path) -> Autograder:
+    """An autograder from its unpacked ``source`` directory, its build directory, or its zip."""
+    path = Path(path)
+    if path.suffix == ".zip":
+        tmp = Path(tempfile.mkdtemp(prefix="kautograder-"))
+        with zipfile.ZipFile(path) as z:
+            z.extractall(tmp)
+        path = tmp
+    if (path / "source" / "tests").is_dir():
+        path = path / "source"
+    if not (path / "tests").is_dir():
+        raise FileNotFoundError(f"{path} is not an autograder (no tests/ directory); run `make exercises`")
+    from otter.nbmeta_config import NBMetadataConfig
+    from otter.test_files import create_test_file
+
+    config = json.loads((path / "otter_config.json").read_text()) if (path / "otter_config.json").exists() else {}
+    info = json.loads((path / "exercise.json").read_text()) if (path / "exercise.json").exists() else {}
+    plan, paths = {}, {}
+    for f in sorted((path / "tests").glob("*.py")):
+        tf = create_test_file(str(f), NBMetadataConfig())
+        cases = []
+        for tc in tf.test_cases:
+            with collect_plan() as specs:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    tc.body.call_func({})
+            cases.append(list(specs))
+        plan[tf.name] = cases
+        paths[tf.name] = f
+    slug = info.get("slug") or config.get("assignment_name") or path.parent.name
+    return Autograder(path, slug, config, plan, paths)
+
+
+def find_notebook(path: Path) -> Path | None:
+    """The notebook of a submission: the file itself, or the one notebook in a directory."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    for pattern in ("*.ipynb", "*.md", "*.py"):
+        found = sorted(p for p in path.glob(pattern) if p.name not in ("__init__.py",) and not p.name.startswith("."))
+        if pattern == "*.md":
+            found = [p for p in found if p.name.lower() not in ("readme.md",)]
+        if found:
+            return found[0]
+    return None
+
+
+@dataclass
+class GradeRecord:
+    submission: str
+    results: dict  # Gradescope results.json
+    score: float
+    possible: float
+    per_question: dict = field(default_factory=dict)  # name -> (score, possible)
+    seconds: float = 0.0
+    status: str = "graded"  # graded | unreadable | error
+    seed: int = 0
+    sha256: str = ""
+    flags: list = field(default_factory=list)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return ""
+    return h.hexdigest()
+
+
+def run_verdicts(ag: Autograder, bundle: Bundle, seed: int, jobs: int = 1, questions=None) -> dict[str, Verdict]:
+    specs = ag.specs
+    if questions is not None:
+        keys = {s.key for q in questions for case in ag.plan.get(q, []) for s in case}
+        specs = [s for s in specs if s.key in keys]
+
+    def one(spec):
+        try:
+            return run_check(spec, bundle, seed=seed)
+        except Exception as e:  # noqa: BLE001  (a grader bug: never the student's fault, never a crash)
+            return Verdict(spec.key, spec.title, False,
+                           f"{spec.title}: the grader failed on this check (not your fault; tell your instructor): "
+                           f"{type(e).__name__}: {e}", seed, status="error")
+
+    if jobs <= 1 or len(specs) <= 1:
+        return {s.key: one(s) for s in specs}
+    with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
+        return dict(zip([s.key for s in specs], pool.map(one, specs)))
+
+
+def _results(ag: Autograder, case_outcomes: dict, output: str, extra: dict) -> tuple[dict, dict]:
+    """Gradescope results from otter's test files, with our pass/fail and messages per test case."""
+    from otter.run.run_autograder.autograder_config import AutograderConfig
+    from otter.test_files import GradingResults, create_test_file
+    from otter.test_files.abstract_test import TestCaseResult
+    from otter.nbmeta_config import NBMetadataConfig
+
+    files = []
+    per_question = {}
+    for name, path in ag.test_paths.items():
+        tf = create_test_file(str(path), NBMetadataConfig())
+        tf.test_case_results = []
+        for i, tc in enumerate(tf.test_cases):
+            passed, message = case_outcomes[(name, i)]
+            tf.test_case_results.append(TestCaseResult(test_case=tc, message=message, passed=passed))
+        files.append(tf)
+        per_question[name] = (round(tf.score, 5), round(tf.possible, 5))
+    gr = GradingResults(files)
+    gr.set_output(output)
+    try:
+        cfg = AutograderConfig(dict(ag.config))
+    except Exception:  # noqa: BLE001
+        cfg = AutograderConfig({})
+    res = gr.to_gradescope_dict(cfg)
+    res.setdefault("score", round(gr.total, 5))
+    res["extra_data"] = extra
+    return res, per_question
+
+
+def grade_submission(submission, autograder, *, jobs: int = 1, run_otter: bool = True,
+                     seed: int | None = None, questions=None) -> GradeRecord:
+    """Grade one submission (a notebook file, or a directory holding one). Never raises for student input.
+
+    ``questions`` (e.g. ``["q2"]``) grades only those; the others score 0 as "not graded" (for tests)."""
+    t0 = time.perf_counter()
+    ag = autograder if isinstance(autograder, Autograder) else load_autograder(autograder)
+    submission = Path(submission)
+    seed = seed if seed is not None else (int(os.environ["KERNELS_GRADING_SEED"]) if os.environ.get(
+        "KERNELS_GRADING_SEED") else secrets.randbits(31))
+    nb_path = find_notebook(submission)
+    sha = _sha256(nb_path) if nb_path else ""
+    notes: list[str] = []
+    verdicts: dict[str, Verdict] = {}
+    status = "graded"
+    nb = None
+    problem = ""
+    if nb_path is None:
+        problem = "no notebook found in the submission (expected one .ipynb file)"
+    else:
+        try:
+            nb = read_notebook(nb_path)
+        except ValueError as e:
+            problem = str(e)
+        if nb is not None and not any(c.get("cell_type") == "code" and str(c.get("source", "")).strip()
+                                      for c in nb.get("cells", [])):
+            problem = f"{nb_path.name} has no code: the notebook is empty"
+    if problem:
+        status = "unreadable"
+        notes.append(f"Your submission could not be graded: {problem}. Every question scores 0.")
+    else:
+        name = (nb.get("metadata", {}).get("otter", {}) or {}).get("assignment_name")
+        if name and name != ag.slug:
+            notes.append(f"This notebook says it is for assignment {name!r}, but it was graded as {ag.slug!r}.")
+        bundle = from_notebook(nb)
+        verdicts = run_verdicts(ag, bundle, seed, jobs, questions)
+        notes += [f"Note: {n}." for n in bundle.notes]
+    otter_view = {}
+    if run_otter and nb is not None and not problem:
+        otter_view = _run_otter(nb, ag, verdicts)
+        notes += otter_view.get("notes", [])
+    case_outcomes = {}
+    disagreements = []
+    for name, cases in ag.plan.items():
+        for i, specs in enumerate(cases):
+            if problem:
+                case_outcomes[(name, i)] = (False, f"❌ not graded: {problem}")
+                continue
+            if questions is not None and name not in questions:
+                case_outcomes[(name, i)] = (False, "not graded in this run")
+                continue
+            vs = [verdicts[s.key] for s in specs]
+            passed = all(v.passed for v in vs) if vs else False
+            msg = "\n\n".join(v.feedback for v in vs) if vs else "this test case has no checks (an exercise bug)"
+            case_outcomes[(name, i)] = (passed, ("✅ " if passed else "❌ ") + msg)
+    for q, claimed in (otter_view.get("scores") or {}).items():
+        if claimed.get("passed_all") and not all(ok for (n, _), (ok, _) in case_outcomes.items() if n == q):
+            disagreements.append(q)
+    if disagreements:
+        notes.append("The notebook's own run reported passing " + ", ".join(disagreements) + ", but the isolated "
+                     "grader did not: the isolated grader's result counts (did the notebook change numpy, the "
+                     "checker or otter?).")
+    flags = sorted({f for v in verdicts.values() for f in v.flags})
+    seconds = time.perf_counter() - t0
+    header = [f"Graded {ag.slug}: seed {seed} (inputs are random; the seed reproduces them)."]
+    output = "\n".join(header + notes)
+    extra = {"seed": seed, "sha256": sha, "seconds": round(seconds, 2), "exercise": ag.slug, "status": status,
+             "flags": flags, "notebook": nb_path.name if nb_path else "",
+             "verdicts": {k: {"passed": v.passed, "status": v.status, "title": v.title, "seconds": round(v.seconds, 2)}
+                          for k, v in verdicts.items()},
+             "otter": {k: v for k, v in otter_view.items() if k in ("status", "scores", "seconds")}}
+    try:
+        results, per_question = _results(ag, case_outcomes, output, extra)
+    except Exception as e:  # noqa: BLE001
+        results = {"score": 0, "output": output + f"\nThe grader failed to assemble the results: {e}",
+                   "tests": [], "extra_data": extra}
+        per_question, status = {}, "error"
+    score = sum(s for s, _ in per_question.values())
+    possible = sum(p for _, p in per_question.values())
+    return GradeRecord(str(submission), results, round(score, 5), round(possible, 5), per_question, seconds, status,
+                       seed, sha, flags)
+
+
+# ------------------------------------------------------------------------------------- otter run
+def _run_otter(nb, ag: Autograder, verdicts: dict) -> dict:
+    """Run otter's grading process on the notebook in a child process; return what it reported."""
+    import nbformat
+
+    view = {"notes": []}
+    tmp = Path(tempfile.mkdtemp(prefix="kotter-"))
+    t0 = time.perf_counter()
+    try:
+        root = tmp / "autograder"
+        for d in ("source", "submission", "results"):
+            (root / d).mkdir(parents=True)
+        shutil.copytree(ag.source / "tests", root / "source" / "tests")
+        cfg = dict(ag.config, logo=False, print_summary=False)
+        cfg["assignment_name"] = ag.slug
+        (root / "source" / "otter_config.json").write_text(json.dumps(cfg))
+        (root / "submission_metadata.json").write_text("{}")
+        nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+        nb.metadata.setdefault("otter", {})["assignment_name"] = ag.slug
+        nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
+        nb.metadata["kernelspec"]["name"] = "python3"
+        for i, c in enumerate(nb.cells):
+            c["id"] = f"cell-{i}"
+        nb.nbformat, nb.nbformat_minor = 4, 5
+        nbformat.write(nb, root / "submission" / f"{ag.slug}.ipynb")
+        vfile = tmp / "verdicts.json"
+        vfile.write_text(json.dumps({k: v.to_json() for k, v in verdicts.items()}))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELS_GRADING_SEED")}
+        env.update({VERDICTS_ENV: str(vfile), "KERNELS_DEVICE": "sim", "PYTHONUNBUFFERED": "1",
+                    "NUMBA_ENABLE_CUDASIM": "1"})
+        cmd = [sys.executable, "-m", "kernels_src.grading.submission", "--otter-child", str(root),
+               str(NOTEBOOK_MEMORY)]
+        with open(tmp / "otter.log", "wb") as log:
+            p = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                rc = p.wait(timeout=NOTEBOOK_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                _kill_group(p)
+                rc = None
+        view["seconds"] = round(time.perf_counter() - t0, 2)
+        summary = None
+        try:
+            summary = json.loads((root / "results" / "summary.json").read_text())
+        except (OSError, ValueError):
+            pass
+        if rc is None:
+            view["status"] = "timeout"
+            view["notes"].append(f"Your notebook did not finish running within {NOTEBOOK_TIMEOUT:g} s (an infinite "
+                                 "loop or a very slow cell?); the questions were graded from its definitions anyway.")
+        elif summary is None or summary.get("failed") or summary.get("error"):
+            view["status"] = "crashed"
+            view["notes"].append("Running your notebook from top to bottom stopped early (a cell ended the Python "
+                                 "process: os._exit(), a crash, or too much memory); the questions were graded "
+                                 "from its definitions anyway.")
+        else:
+            view["status"] = "ok"
+            view["scores"] = summary.get("scores", {})
+            errs = summary.get("errors", [])
+            if errs:
+                shown = "; ".join(f"cell {e['cell']}: {e['ename']}: {e['evalue'][:200]}" for e in errs[:3])
+                view["notes"].append(f"Running your notebook from top to bottom raised {len(errs)} error(s): {shown}.")
+    except Exception as e:  # noqa: BLE001
+        view["status"] = "error"
+        view["notes"].append(f"(The grader could not run your notebook through otter: {type(e).__name__}: {e}.)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return view
+
+
+def _kill_group(p):
+    import signal
+
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        p.kill()
+    p.wait()
+
+
+def _otter_child(root: str, memory: int) -> int:
+    """In the child: limits, then otter's own grading process; write a small summary for the parent."""
+    import resource
+
+    from .sandbox import OUTPUT_LIMIT
+
+    for lim, val in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 8 * OUTPUT_LIMIT)):
+        try:
+            resource.setrlimit(lim, (val, resource.getrlimit(lim)[1]))
+        except (ValueError, OSError):
+            pass
+    from otter.run.run_autograder import main as run_autograder
+
+    summary = {"scores": {}, "errors": []}
+    try:
+        run_autograder(root, otter_run=True, logo=False, print_summary=False)
+    except BaseException as e:  # noqa: BLE001
+        summary["failed"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        print(f"otter failed: {summary['failed']}")
+    try:
+        import dill
+
+        with open(os.path.join(root, "results", "results.pkl"), "rb") as f:
+            gr = dill.load(f)
+        for name, tf in gr.results.items():
+            summary["scores"][name] = {"score": tf.score, "possible": tf.possible, "passed_all": tf.passed_all}
+        nb = getattr(gr, "notebook", None)
+        if nb is not None:
+            for i, c in enumerate(nb.cells):
+                for o in c.get("outputs", []) if c.get("cell_type") == "code" else []:
+                    if o.get("output_type") == "error":
+                        summary["errors"].append({"cell": i, "ename": str(o.get("ename")), "evalue": str(o.get("evalue"))})
+    except BaseException as e:  # noqa: BLE001
+        summary["error"] = f"{type(e).__name__}: {e}"
+    tmp = os.path.join(root, "results", "summary.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(summary, f)
+    os.replace(tmp, os.path.join(root, "results", "summary.json"))
+    return 0
+
+
+# ------------------------------------------------------------------------------------- Gradescope
+def write_json_atomic(path: Path, data) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def gradescope_main(root: str) -> int:
+    """``run_autograder``: grade ROOT/submission with ROOT/source into ROOT/results/results.json."""
+    root = Path(root)
+    out = root / "results" / "results.json"
+    try:
+        rec = grade_submission(root / "submission", root / "source", jobs=max(1, os.cpu_count() or 1))
+        write_json_atomic(out, rec.results)
+        print(f"score {rec.score} / {rec.possible} in {rec.seconds:.1f} s")
+    except BaseException as e:  # noqa: BLE001  (whatever happens, Gradescope gets a results file)
+        write_json_atomic(out, {"score": 0, "output": "The autograder failed on this submission (not your fault; "
+                                f"your instructor has been told): {type(e).__name__}: {e}",
+                                "tests": [], "extra_data": {"traceback": traceback.format_exc()[-4000:]}})
+        print(traceback.format_exc(), file=sys.stderr)
+    return 0
+
+
+def self_test(source: str) -> int:
+    ag = load_autograder(source)
+    print(f"{ag.slug}: {len(ag.specs)} checks in {len(ag.plan)} questions")
+    for s in ag.specs:
+        print("  ", s.title, s.op, s.sizes or "default sizes")
+    return 0 if ag.specs else 1
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--otter-child"]:
+        return _otter_child(argv[1], int(argv[2]))
+    if argv[:1] == ["--gradescope"]:
+        return gradescope_main(argv[1] if len(argv) > 1 else "/autograder")
+    if argv[:1] == ["--self-test"]:
+        return self_test(argv[1])
+    print("usage: python -m kernels_src.grading.submission --gradescope ROOT | --self-test SOURCE", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

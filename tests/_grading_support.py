@@ -1,0 +1,42 @@
+"""Shared by the tests/test_grading_*.py files: the ch01_axpy autograder, generated once per process."""
+import functools
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "tests" / "corpus"
+
+
+@functools.lru_cache(maxsize=None)
+def generated(slug: str = "ch01_axpy") -> Path:
+    """A temporary directory holding exercises/ and build/ freshly generated from solutions/<slug>.md."""
+    from kernels_src.grading import exercises
+
+    tmp = Path(tempfile.mkdtemp(prefix="kgrading-test-"))
+    exercises.generate([slug], tmp / "exercises", tmp / "build", zip_=True, quiet=True)
+    return tmp
+
+
+def autograder(slug: str = "ch01_axpy") -> Path:
+    return generated(slug) / "build" / slug
+
+
+def corpus_submission(name: str, dest: Path, slug: str = "ch01_axpy") -> Path:
+    """The corpus entry ``name`` as a notebook file under ``dest``."""
+    from kernels_src.grading import corpus
+
+    src = CORPUS / slug / f"{name}.py"
+    if src.exists():
+        nb = corpus.build_submission(slug, corpus.parse_answers(src.read_text()))
+        return corpus.write_ipynb(nb, Path(dest) / f"{name}.ipynb")
+    if name == "solution":
+        return corpus.write_ipynb(corpus.solution_submission(slug), Path(dest) / "solution.ipynb")
+    path = CORPUS / slug / f"{name}.ipynb"
+    out = Path(dest) / path.name
+    out.write_bytes(path.read_bytes())
+    return out
+
+
+def outputs_by_question(results: dict) -> dict:
+    """{question: its output text} from a Gradescope results dict."""
+    return {t["name"]: t.get("output", "") for t in results.get("tests", []) if "max_score" in t}

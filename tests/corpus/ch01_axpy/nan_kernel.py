@@ -1,0 +1,12 @@
+# %% q2
+@cuda.jit
+def axpy_kernel(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        zero = x[i] - x[i]
+        out[i] = a * x[i] + y[i] + zero / zero
+
+
+def axpy_gpu(out, a, x, y):
+    threads = 128
+    axpy_kernel[ceil_div(out.size, threads), threads](out, a, x, y)

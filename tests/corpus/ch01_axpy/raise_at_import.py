@@ -1,0 +1,2 @@
+# %% top
+import numpy_that_does_not_exist

@@ -1,0 +1,136 @@
+"""Unit tests of the grading pieces: the bundle rule, the poison, hints, check modes (plan, verdicts)."""
+import json
+
+import numpy as np
+import pytest
+
+from kernels_src import parity
+from kernels_src.grading import CheckSpec, Verdict, bundle, check_cpu, collect_plan
+from kernels_src.grading import checks
+
+
+def test_bundle_keeps_definitions_and_drops_everything_else():
+    cells = [
+        (1, "import otter\ngrader = otter.Notebook()"),
+        (2, "import numpy as np\nfrom numba import njit\nTHREADS = 128\nN: int = 4"),
+        (3, "@njit\ndef f(out, x):\n    for i in range(out.size):\n        out[i] = x[i]\n\nprint('hi')\nf(np.zeros(3), np.ones(3))"),
+        (4, "result = f(np.zeros(3), np.ones(3))\nx = np.ones(3)\nfor i in range(10**9):\n    pass\nwhile True:\n    pass"),
+        (5, "%timeit f(out, x)\n!pip install nothing\ny = np.zeros(2)"),
+        (6, "%%time\ndef g():\n    pass"),
+        (7, "def broken(:\n    pass"),
+        (8, "k[4, 32](a, b)\nz = k2[4, 32](a)\ngrader.check('q1')\nassert np.allclose(x, 1)"),
+        (9, "try:\n    import cupy\nexcept ImportError:\n    cupy = None\nif True:\n    print('x')"),
+    ]
+    b = bundle.from_cells(cells)
+    src = b.source.split("\n", 1)[1]  # after the header comment
+    for kept in ("import numpy as np", "THREADS = 128", "N: int = 4", "def f(out, x):", "@njit", "x = np.ones(3)",
+                 "y = np.zeros(2)", "import cupy"):
+        assert kept in src, kept
+    for dropped in ("otter", "grader", "print(", "result = f(", "range(10**9)", "while True", "timeit", "pip",
+                    "def g", "k[4, 32]", "k2[4, 32]", "assert"):
+        assert dropped not in src, dropped
+    assert any("cell 7 has a syntax error" in n for n in b.notes)
+    assert any("cell 6" in n and "%%time" in n for n in b.notes)
+    assert b.defined[:4] == ["np", "njit", "THREADS", "N"] or "THREADS" in b.defined
+    # every kept line maps back to its cell and line
+    lines = b.source.splitlines()
+    i = lines.index("THREADS = 128")
+    assert b.line_map[i] == (2, 3)
+    compile(b.source, "bundle", "exec")
+
+
+def test_bundle_from_a_malformed_file_raises_a_readable_error(tmp_path):
+    for name, text, phrase in [("a.ipynb", "", "is empty"), ("b.ipynb", "{not json", "not valid notebook JSON"),
+                               ("c.ipynb", "[1, 2]", "not a Jupyter notebook")]:
+        p = tmp_path / name
+        p.write_text(text)
+        with pytest.raises(ValueError, match=phrase):
+            bundle.read_notebook(p)
+
+
+def test_poison_payload_tells_unwritten_from_computed_nan():
+    a = parity.poison(np.empty(4, np.float32))
+    assert np.isnan(a).all() and parity.is_poison(a).all()
+    a[1] = np.nan
+    a[2] = a[3] + 1  # NaN arithmetic keeps the payload: "computed only from the poison" is still unwritten
+    assert parity.is_poison(a).tolist() == [True, False, True, True]
+    for dt in (np.float16, np.float64, np.int32):
+        assert parity.is_poison(parity.poison(np.empty(3, dt))).all()
+    rep = parity.compare("out", a, np.ones(4), 1e-5, 1e-6)
+    assert rep.mismatches[0].unwritten and not rep.mismatches[1].unwritten
+    assert "never written" in str(rep.mismatches[0]) and "never written" not in str(rep.mismatches[1])
+
+
+def _hints(kind, got, ref, launches=(), inputs=None):
+    got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float64)
+    unw = parity.is_poison(got)
+    bad = ~np.isclose(got, ref) | unw
+    spec = CheckSpec(kind, "f", "axpy")
+    return " ".join(checks.hints_for_mismatch(spec, got, ref, bad, unw, list(launches),
+                                              inputs if inputs is not None else (np.zeros(ref.shape),)))
+
+
+def test_hints_for_classic_mistakes():
+    ref = np.arange(1, 301, dtype=np.float64)
+    tail = ref.astype(np.float32).copy()
+    parity.poison(tail[256:])
+    launch = [{"grid": (2, 1, 1), "block": (128, 1, 1)}]
+    assert "256 threads for 300 elements" in _hints("gpu", tail, ref, launch) and "ceil_div" in _hints("gpu", tail, ref, launch)
+    assert "bounds guard" in _hints("gpu", tail, ref, [{"grid": (3, 1, 1), "block": (128, 1, 1)}])
+    assert "range(n)" in _hints("cpu", tail, ref)
+    shifted = np.roll(ref, -1).astype(np.float32)
+    assert "off-by-one" in _hints("cpu", shifted, ref)
+    assert "same factor" in _hints("cpu", 2 * ref, ref)
+    nothing = parity.poison(np.empty(300, np.float32))
+    assert "no element of the output was written" in _hints("cpu", nothing, ref)
+    sums = np.array([5.0, 6.0, 7.0])
+    assert "last output element" in _hints("gpu", [5.0, 6.0, 1.0], sums, launch, inputs=(np.zeros(300),))
+    assert "produced NaN" in _hints("cpu", np.where(ref > 100, np.nan, ref), ref)
+
+
+def test_plan_mode_records_specs_without_running():
+    with collect_plan() as specs:
+        check_cpu("axpy_cpu", op="axpy", sizes=[1, 7], hidden=True)
+    assert len(specs) == 1 and specs[0].sizes == (1, 7) and specs[0].hidden
+    assert specs[0].key == CheckSpec("cpu", "axpy_cpu", "axpy", sizes=(1, 7), hidden=True, racecheck=False, ptx=False).key
+
+
+def test_grading_mode_only_shows_the_trusted_verdict(tmp_path, monkeypatch, capsys):
+    spec = CheckSpec("cpu", "axpy_cpu", "axpy", racecheck=False, ptx=False)
+    good = Verdict(spec.key, spec.title, True, "all good")
+    path = tmp_path / "verdicts.json"
+    path.write_text(json.dumps({spec.key: good.to_json()}))
+    monkeypatch.setenv("KERNELS_VERDICTS", str(path))
+    check_cpu("axpy_cpu", op="axpy")
+    assert "all good" in capsys.readouterr().out
+    path.write_text(json.dumps({spec.key: Verdict(spec.key, spec.title, False, "wrong at n=7").to_json()}))
+    with pytest.raises(AssertionError, match="wrong at n=7"):
+        check_cpu("axpy_cpu", op="axpy")
+    with pytest.raises(AssertionError, match="no verdict"):
+        check_cpu("axpy_cpu", op="axpy", sizes=[3])
+
+
+def test_interactive_check_grades_the_given_code(monkeypatch):
+    import kernels_src.grading as g
+
+    code = ("from numba import njit\n@njit\ndef axpy_cpu(out, a, x, y):\n"
+            "    for i in range(out.size):\n        out[i] = a * x[i] + y[i]\n")
+    monkeypatch.setattr(g, "_bundle_override", bundle.from_cells([(1, code)]))
+    check_cpu("axpy_cpu", op="axpy", sizes=[1, 5])
+    monkeypatch.setattr(g, "_bundle_override", bundle.from_cells([(1, code.replace("+ y[i]", "- y[i]"))]))
+    with pytest.raises(AssertionError, match="elements wrong"):
+        check_cpu("axpy_cpu", op="axpy", sizes=[5])
+
+
+def test_a_check_that_cannot_fail_is_refused():
+    from kernels_src.grading import exercise_ops
+    from kernels_src.registry import Op
+
+    exercise_ops.EXERCISE_OPS["_zeros"] = Op("_zeros", reference=lambda x: 0 * x,
+                                             make_inputs=lambda s, d, r: (r.standard_normal(s).astype(d),),
+                                             sizes={"check": [(4,)]}, flops=lambda s: 0, bytes=lambda s, b: 0)
+    try:
+        with pytest.raises(checks.GraderError, match="cannot tell"):
+            checks.build_cases(CheckSpec("cpu", "f", "_zeros"), exercise_ops.find_op("_zeros"), 0)
+    finally:
+        del exercise_ops.EXERCISE_OPS["_zeros"]
