@@ -248,16 +248,21 @@ class _Tripwire:
     def __init__(self):
         self.calls: list[str] = []
         self.armed = False
+        self.modules_before: set = set()
+        self.wrapped: set = set()
 
     def install(self):
+        """Wrap the references and variants the student's code could reach: those of the exercise ops, and
+        of every course ops module already imported (importing one imports them all). Loading all of them
+        just in case would cost seconds per check; a module first imported *during* the run is caught by
+        :meth:`new_course_modules`, and wrapped from then on."""
         from .. import registry
         from . import exercise_ops
 
-        registry.load_all()
-        targets = []
+        self.modules_before = {m for m in sys.modules if m.startswith("kernels_src.ops")}
         for op in list(registry._OPS.values()) + list(exercise_ops.EXERCISE_OPS.values()):
+            targets = [(op, "reference", f"the reference of `{op.name}`")]
             mod = sys.modules.get(getattr(op.reference, "__module__", ""), None)
-            targets.append((op, "reference", f"the reference of `{op.name}`"))
             if mod is not None and getattr(mod, "reference", None) is op.reference:
                 targets.append((mod, "reference", f"the reference of `{op.name}`"))
             for v in op.variants:
@@ -265,9 +270,17 @@ class _Tripwire:
                 name = getattr(v.fn, "__name__", "")
                 if m is not None and getattr(m, name, None) is v.fn:
                     targets.append((m, name, f"the course's variant {v.key}"))
-        for owner, attr, label in targets:
-            orig = getattr(owner, attr)
-            setattr(owner, attr, self._wrap(orig, label))
+            for owner, attr, label in targets:
+                if (id(owner), attr) in self.wrapped:
+                    continue
+                self.wrapped.add((id(owner), attr))
+                setattr(owner, attr, self._wrap(getattr(owner, attr), label))
+
+    def new_course_modules(self) -> list[str]:
+        new = sorted(m for m in sys.modules if m.startswith("kernels_src.ops") and m not in self.modules_before)
+        if new:
+            self.install()
+        return new
 
     def _wrap(self, fn, label):
         def tripwire(*a, **k):
@@ -449,6 +462,9 @@ def run_job(job, mod, where, result) -> dict:
                 rec["races"] += [r.describe(lambda a: where(a.line, a.file)) for r in la.races]
                 rec["barriers"] += [b.describe(lambda f, ln: where(ln, f)) for b in la.barrier_problems]
                 rec["n_races"] = rec.get("n_races", 0) + la.n_races
+        new_mods = tripwire.new_course_modules()
+        if new_mods:
+            tripwire.calls.append("the course's kernels (it imported " + ", ".join(new_mods[:3]) + " while running)")
         if tripwire.calls:
             rec["shortcut_calls"] = sorted(set(tripwire.calls))
             tripwire.calls.clear()
@@ -510,8 +526,6 @@ def main(argv=None) -> None:
         import kernels_src  # noqa: F401  (chooses the simulator or the PTX target before numba.cuda loads)
         import numpy  # noqa: F401
 
-        if job["mode"] == "run":
-            _TRIPWIRE.install()
         where = Where(job.get("line_map"))
         _progress("loading your code (its imports, definitions and constants)")
         import importlib.util
@@ -529,6 +543,7 @@ def main(argv=None) -> None:
                                    + (f"\n    at {info['where']}" if info["where"] else "")))
             _finish(result)
         if job["mode"] == "run":
+            _TRIPWIRE.install()
             outputs = run_job(job, mod, where, result)
         elif job["mode"] == "ptx":
             ptx_job(job, mod, where, result)
