@@ -26,14 +26,20 @@ $(STAMP): pyproject.toml requirements.lock
 venv: $(STAMP)
 
 # The execution cache (_build/.jupyter_cache) re-executes a page only when its code cells change. It
-# cannot see changes to the library or to the benchmark data the pages read, so those clear it.
-BOOK_DEPS = $(sort $(shell find kernels_src book/data -type f \( -name '*.py' -o -name '*.json' \) 2>/dev/null))
+# cannot see changes to the library or to the benchmark data the pages read, so those clear it. Sphinx
+# does not recopy static files (CSS, vendored JS) when no page changed, so those make it re-read the pages.
+BOOK_EXEC_DEPS = $(sort $(shell find kernels_src book/data -type f \( -name '*.py' -o -name '*.json' \) 2>/dev/null))
+BOOK_SITE_DEPS = $(sort $(shell find book/_static book/_vendor book/_ext -type f ! -name '*.pyc' 2>/dev/null))
 
 book: $(STAMP)
-	@mkdir -p _build; key=$$(cat $(BOOK_DEPS) /dev/null | sha256sum | cut -c1-16); \
-	if [ "$$(cat _build/.book_deps 2>/dev/null)" != "$$key" ]; then \
+	@mkdir -p _build; \
+	exec_key=$$(cat $(BOOK_EXEC_DEPS) /dev/null | sha256sum | cut -c1-16); \
+	site_key=$$(cat $(BOOK_SITE_DEPS) /dev/null | sha256sum | cut -c1-16); \
+	if [ "$$(cat _build/.book_exec_key 2>/dev/null)" != "$$exec_key" ]; then \
 	    if [ -d _build/.jupyter_cache ]; then echo "kernels_src/ or book/data/ changed: every page is re-executed"; fi; \
-	    rm -rf _build/.jupyter_cache _build/.doctrees; echo "$$key" > _build/.book_deps; fi
+	    rm -rf _build/.jupyter_cache _build/.doctrees; echo "$$exec_key" > _build/.book_exec_key; fi; \
+	if [ "$$(cat _build/.book_site_key 2>/dev/null)" != "$$site_key" ]; then \
+	    rm -rf _build/.doctrees; echo "$$site_key" > _build/.book_site_key; fi
 	@# On failure, forget the parsed pages: Sphinx would otherwise not re-read (and re-report) them.
 	JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter-book build . --path-output . -W -n --keep-going \
 	    || { rm -rf _build/.doctrees; echo "make book: the build failed (warnings are errors)" >&2; exit 1; }
