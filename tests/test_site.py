@@ -11,7 +11,8 @@ page it asserts:
 - MathJax typeset every math element, without a MathJax error;
 - every widget snapshot rendered (a page with saved widget state shows rendered widget DOM);
 - every internal link resolves (target file exists, and the #fragment exists in it);
-- a chapter (notebooks/) with code cells shows outputs, i.e. it was executed.
+- a chapter (notebooks/) with code cells shows outputs, i.e. it was executed, and no cell shows an
+  error unless it is tagged `raises-exception` (a deliberate demo of an error).
 
 A full-page screenshot of each page goes to `_build/screenshots/` (look at them: a passing test can still
 look wrong). Set KFS_SITE_DIR to test another built site.
@@ -143,6 +144,8 @@ _INSPECT = """async () => {
         .map(s => s.textContent.slice(0, 120)),
     widgetErrors: Array.from(document.querySelectorAll('.jupyter-widgets .widget-error, .jupyter-widgets-error-widget'))
         .map(e => e.textContent.slice(0, 120)),
+    untaggedTracebacks: Array.from(document.querySelectorAll('.cell:not(.tag_raises-exception) .output.traceback'))
+        .map(e => e.textContent.trim().split(String.fromCharCode(10)).pop().slice(0, 160)),
     codeCells: document.querySelectorAll('.cell .cell_input').length,
     cellOutputs: document.querySelectorAll('.cell .cell_output').length,
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
@@ -188,6 +191,7 @@ def test_page(page, site_url, browser):
             problems.append("page has saved widget state but no widget view")
         problems += [f"widget snapshot not rendered: {t}" for t in info["widgetsUnrendered"]]
         problems += [f"widget error: {t!r}" for t in info["widgetErrors"]]
+        problems += [f"a cell shows an error and is not tagged raises-exception: {t}" for t in info["untaggedTracebacks"]]
         if page.startswith("notebooks/") and info["codeCells"] and not info["cellOutputs"]:
             problems.append(f"chapter has {info['codeCells']} code cells and no output: was it executed?")
         for href in sorted(set(info["links"])):
