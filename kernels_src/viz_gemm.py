@@ -142,9 +142,15 @@ def rung_table(result: dict, size=None) -> str:
     size = tuple(size) if size is not None else plots.largest_size(result)
     lines = ["| rung | variant | what changed | time | GFLOP/s | % of baseline | intensity (FLOP/B) |",
              "|---|---|---|---|---|---|---|"]
+    from .registry import get_variant
+
     for r in plots.rows(result, size):
         pct = f"{100 * r['vs_baseline']:.1f} %" if "vs_baseline" in r else "–"
-        lines.append(f"| {'baseline' if r['baseline'] else r['rung']} | `{r['variant']}` | {r['summary']} | "
+        try:  # the registry's current one-line summary (the file keeps the one from the run)
+            summary = get_variant(f"{result['op']}/{result['backend']}/{r['variant']}").summary
+        except KeyError:
+            summary = r["summary"]
+        lines.append(f"| {'baseline' if r['baseline'] else r['rung']} | `{r['variant']}` | {summary} | "
                      f"{plots._fmt_time(r['median_s'])} | {r['gflops']:,.0f} | {pct} | "
                      f"{r['flops'] / r['bytes']:.1f} |")
     return "\n".join(lines)

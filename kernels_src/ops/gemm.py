@@ -149,7 +149,9 @@ def _gemm_ikj(C, A, B):
 
 @register("gemm", "cpu", "ikj", rung=2)
 def gemm_ikj(C, A, B):
-    """Loop interchange: for each (i, k), add A[i, k] * (row k of B) into row i of C. Every access in
+    """Loop interchange (ikj): the inner loop runs along rows of B and C, stride 1.
+
+    Loop interchange: for each (i, k), add A[i, k] * (row k of B) into row i of C. Every access in
     the inner loop is stride 1, so it vectorises and uses whole cache lines. Predicted: ~10x faster
     than ijk; now limited by streaming all of B through the caches once per row of C."""
     _gemm_ikj(C, A, B)
@@ -187,7 +189,9 @@ def _gemm_blocked(C, A, B):
 
 @register("gemm", "cpu", "blocked", rung=3)
 def gemm_blocked(C, A, B):
-    """Cache blocking: the ikj loops run over a BK x BJ tile of B (256 x 512 floats = 512 KiB, sized for
+    """Cache blocking: ikj over 256 x 512 tiles of B that stay in L2 while 64 rows of C use them.
+
+    Cache blocking: the ikj loops run over a BK x BJ tile of B (256 x 512 floats = 512 KiB, sized for
     this CPU's 1 MiB L2) while 64 rows of C use it, so each element of B is fetched from memory
     M/64 times instead of M times. Predicted: 1.5-2x over ikj at 1024^3, where B (4 MiB) no longer fits
     in L2; no gain at 256^3, where it already did."""
@@ -205,7 +209,9 @@ def _gemm_blocked_par(C, A, B):
 
 @register("gemm", "cpu", "blocked_par", rung=4)
 def gemm_blocked_par(C, A, B):
-    """Rung 3 with prange over 64-row blocks of C: blocks write disjoint rows, so no locking. Predicted:
+    """Rung 3 with 64-row blocks of C spread over cores with prange.
+
+    Rung 3 with prange over 64-row blocks of C: blocks write disjoint rows, so no locking. Predicted:
     ~2x on this 2-core machine (each core has its own L2)."""
     _gemm_blocked_par(C, A, B)
 
@@ -325,7 +331,9 @@ def _gemm_regblock(C, A, Bt):
 
 @register("gemm", "cpu", "regblock", rung=5)
 def gemm_regblock(C, A, B):
-    """Register blocking: copy B^T once (K x N floats, ~2 % of the work at 1024^3), then compute 4x4 tiles
+    """Register blocking: B transposed once, then 4x4 tiles of C as 16 dot products in registers.
+
+    Register blocking: copy B^T once (K x N floats, ~2 % of the work at 1024^3), then compute 4x4 tiles
     of C as 16 dot products at a time. Per 16 floats of k the core loads 8 vectors and does 16 vector
     FMAs, instead of 1 load + 1 store per FMA in ikj. Predicted: 3-5x over blocked on one core."""
     Bt = np.empty((B.shape[1], B.shape[0]), dtype=B.dtype)
@@ -344,7 +352,9 @@ def _gemm_regblock_par(C, A, Bt):
 
 @register("gemm", "cpu", "regblock_par", rung=6)
 def gemm_regblock_par(C, A, B):
-    """Rung 5 with prange over 32-row blocks of C (and a parallel transpose). Predicted: ~2x rung 5 on 2
+    """Rung 5 with 32-row blocks of C spread over cores with prange.
+
+    Rung 5 with prange over 32-row blocks of C (and a parallel transpose). Predicted: ~2x rung 5 on 2
     cores, which should put it within reach of OpenBLAS (goal: >= 70 % of numpy.matmul at 1024^3)."""
     Bt = np.empty((B.shape[1], B.shape[0]), dtype=B.dtype)
     _transpose(Bt, B)
@@ -424,7 +434,9 @@ def gemm_naive_kernel(C, A, B):
 @register("gemm", "gpu", "naive", rung=1, ptx=[(gemm_naive_kernel, SIG)],
           bytes=lambda s, b: s[0] * s[1] * s[2] * (32 + 32 / 32) + s[0] * s[1] * 32)
 def gemm_naive(C, A, B):
-    """One thread per C element, threadIdx.x -> row i. A warp's 32 loads of A[i, k] hit 32 different
+    """One thread per C element, threadIdx.x -> row: a warp reads 32 different rows (uncoalesced).
+
+    One thread per C element, threadIdx.x -> row i. A warp's 32 loads of A[i, k] hit 32 different
     rows: 32 sectors of 32 bytes for 128 useful bytes, and its stores of C scatter the same way. The
     bytes model counts a 32-byte sector per A element and C element. Predicted: far below 1 TFLOP/s."""
     M, N = C.shape
@@ -447,7 +459,9 @@ def gemm_coalesced_kernel(C, A, B):
 @register("gemm", "gpu", "coalesced", rung=2, ptx=[(gemm_coalesced_kernel, SIG)],
           bytes=lambda s, b: s[0] * s[1] * s[2] * b * (1 + 1 / 32) + s[0] * s[1] * b)
 def gemm_coalesced(C, A, B):
-    """Swap the roles of threadIdx.x and y: now a warp's 32 threads share i and take adjacent j, so
+    """threadIdx.x -> column: a warp reads 128 contiguous bytes of B (coalesced).
+
+    Swap the roles of threadIdx.x and y: now a warp's 32 threads share i and take adjacent j, so
     B[k, j] is one 128-byte transaction and A[i, k] one broadcast. Same FLOPs, ~8x fewer sectors per
     useful byte. Predicted: several times rung 1, then limited by re-reading A and B from L2
     (~4 bytes per FMA)."""
@@ -484,7 +498,9 @@ def gemm_smem_kernel(C, A, B):
 
 @register("gemm", "gpu", "smem", rung=3, ptx=[(gemm_smem_kernel, SIG)], bytes=tile_bytes(TILE, TILE))
 def gemm_smem(C, A, B):
-    """Blocks of 32x32 threads stage a 32x32 tile of A and of B in shared memory, then each thread does
+    """32x32 tiles of A and B staged in shared memory, 32 FMAs per tile load.
+
+    Blocks of 32x32 threads stage a 32x32 tile of A and of B in shared memory, then each thread does
     32 FMAs from it. Every global element is now read N/32 (A) or M/32 (B) times instead of N or M:
     intensity 8 FLOP/byte. Predicted: 2-4x rung 2; the inner loop now does 2 shared loads per FMA,
     which caps it far below the FMA peak."""
@@ -534,7 +550,9 @@ def gemm_blocktile1d_kernel(C, A, B):
 @register("gemm", "gpu", "blocktile1d", rung=4, ptx=[(gemm_blocktile1d_kernel, SIG)],
           bytes=tile_bytes(B1_BM, B1_BN))
 def gemm_blocktile1d(C, A, B):
-    """Each thread computes 8 outputs down one column (a 64x64 block tile, 512 threads): the B value it
+    """1D blocktiling: 64x64 block tile, each thread computes 8 outputs of a column.
+
+    Each thread computes 8 outputs down one column (a 64x64 block tile, 512 threads): the B value it
     loads from shared memory is re-used 8 times from a register, so shared loads per FMA drop from 2
     to 1.125, and the bigger tile doubles intensity to 16 FLOP/byte. Predicted: ~2x rung 3."""
     M, N = C.shape
@@ -763,7 +781,9 @@ def _cfg_bytes(launch):
 
 @register("gemm", "gpu", "blocktile2d", rung=5, ptx=[(_bt2d.kernel, SIG)], bytes=_cfg_bytes(_bt2d))
 def gemm_blocktile2d(C, A, B):
-    """2D blocktiling: 128x128 block tiles, 256 threads, each computing an 8x8 register tile. Per k a
+    """2D blocktiling: 128x128 block tile, each thread computes an 8x8 register tile.
+
+    2D blocktiling: 128x128 block tiles, 256 threads, each computing an 8x8 register tile. Per k a
     thread loads 8 values of A and 8 of B from shared memory and does 64 FMAs (0.25 loads per FMA, was
     1.125), and intensity doubles again to 32 FLOP/byte. Predicted: ~2x rung 4, if the compiler keeps
     the 64 accumulators in registers (the PTX has no .local traffic: it does)."""
@@ -772,7 +792,9 @@ def gemm_blocktile2d(C, A, B):
 
 @register("gemm", "gpu", "hinted", rung=6, ptx=[(_hinted.kernel, SIG)], bytes=_cfg_bytes(_hinted))
 def gemm_hinted(C, A, B):
-    """Rung 5 plus two hints. ``tid = threadIdx.x & 255`` proves tid >= 0, so Numba's negative-index
+    """Rung 5 plus two compiler hints: tid >= 0 (via tid & 255) and 16-byte aligned shared arrays.
+
+    Rung 5 plus two hints. ``tid = threadIdx.x & 255`` proves tid >= 0, so Numba's negative-index
     fix-up on every shared-memory index folds away; ``alignment=16`` on the shared arrays lets the
     8 scalar loads become 2 ld.shared.v4. The machine code shows the effect (chapter 5 tabulates it):
     16 LDS per k become 4 LDS.128, and ~30 % fewer registers. Predicted: ~1.5x rung 5 (the inner
@@ -782,7 +804,9 @@ def gemm_hinted(C, A, B):
 
 @register("gemm", "gpu", "conflictfree", rung=7, ptx=[(_cfree.kernel, SIG)], bytes=_cfg_bytes(_cfree))
 def gemm_conflictfree(C, A, B):
-    """No bank conflicts: the A tile is padded to 132 columns (transposing stores hit 32 banks, not 4)
+    """No bank conflicts: padded A tile and a warp-aware 4x8 thread layout.
+
+    No bank conflicts: the A tile is padded to 132 columns (transposing stores hit 32 banks, not 4)
     and each warp covers a 4x8 patch of threads whose 4x4 sub-tiles are adjacent, so every 16-byte
     shared load of a warp is one 128-byte wavefront (rung 6's B loads took two). Predicted: 10-30 %
     over rung 6, if shared memory was the limiter."""
@@ -791,7 +815,9 @@ def gemm_conflictfree(C, A, B):
 
 @register("gemm", "gpu", "dbuf", rung=8, ptx=[(_dbuf.kernel, SIG)], bytes=_cfg_bytes(_dbuf))
 def gemm_dbuf(C, A, B):
-    """Double buffering: the next tile's 8 global loads per thread go out before this tile's 512 FMAs
+    """Double buffering: the next tile's global loads overlap this tile's FMAs.
+
+    Double buffering: the next tile's 8 global loads per thread go out before this tile's 512 FMAs
     and land in the second shared buffer afterwards, so global latency hides behind arithmetic and
     there is one barrier per tile instead of two. Predicted: 10-20 % over rung 7 at 4096^2."""
     _dbuf(C, A, B)

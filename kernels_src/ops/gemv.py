@@ -102,7 +102,9 @@ def _colorder(y, x, W):
 
 @register("gemv", "cpu", "colorder", rung=1)
 def gemv_colorder(y, x, W):
-    """Column order: y[n] as a dot product down column n of W. Each load uses 4 bytes of a 64-byte line,
+    """Column order: a dot product down each column of W (stride N).
+
+    Column order: y[n] as a dot product down column n of W. Each load uses 4 bytes of a 64-byte line,
     and the line is gone by the time n+1 wants its neighbour (for large K). Predicted: a few GB/s, a
     small fraction of copy bandwidth."""
     _colorder(y, x, W)
@@ -122,7 +124,9 @@ def _roworder(y, x, W, n0, n1):
 
 @register("gemv", "cpu", "roworder", rung=2)
 def gemv_roworder(y, x, W):
-    """Row order: for each k, y += x[k] * (row k of W). W streams through once, front to back, and y
+    """Row order: y += x[k] * W[k, :] for each k (stride 1).
+
+    Row order: for each k, y += x[k] * (row k of W). W streams through once, front to back, and y
     (N floats) stays in cache. Predicted: close to one core's streaming bandwidth."""
     _roworder(y, x, W, 0, W.shape[1])
 
@@ -139,7 +143,9 @@ def _roworder_par(y, x, W):
 
 @register("gemv", "cpu", "prange", rung=3)
 def gemv_prange(y, x, W):
-    """Row order within 1024-column strips, strips spread over cores with prange. Each core streams
+    """Row order on 1024-column strips, strips spread over cores with prange.
+
+    Row order within 1024-column strips, strips spread over cores with prange. Each core streams
     its own part of W. Predicted: up to 2x on 2 cores, if one core could not saturate memory alone."""
     _roworder_par(y, x, W)
 
@@ -178,7 +184,9 @@ def _rowdot_par(y, W, x):
 
 @register("gemv_wx", "cpu", "prange", rung=2)
 def gemv_wx_prange(y, W, x):
-    """Rows in blocks of 64 spread over cores. Predicted: up to 2x on 2 cores."""
+    """Blocks of 64 rows spread over cores with prange.
+
+    Rows in blocks of 64 spread over cores. Predicted: up to 2x on 2 cores."""
     _rowdot_par(y, W, x)
 
 
@@ -200,7 +208,9 @@ def thread_per_row_kernel(y, W, x):
 
 @register("gemv_wx", "gpu", "thread_per_row", rung=1, ptx=[(thread_per_row_kernel, SIG_WX)])
 def gemv_wx_thread_per_row(y, W, x):
-    """One thread per output row. A warp's 32 loads W[n..n+31, k] are K*4 bytes apart: each uses 4 bytes
+    """One thread per output row: a warp reads addresses K*4 bytes apart (uncoalesced).
+
+    One thread per output row. A warp's 32 loads W[n..n+31, k] are K*4 bytes apart: each uses 4 bytes
     of its own 32-byte sector, and the L1 only rescues this while 32 rows' worth of sectors stay cached.
     Predicted: well under half of copy bandwidth."""
     thread_per_row_kernel[ceil_div(y.size, THREADS), THREADS](y, W, x)
@@ -229,7 +239,9 @@ def block_per_row_kernel(y, W, x):
 
 @register("gemv_wx", "gpu", "block_per_row", rung=2, ptx=[(block_per_row_kernel, SIG_WX)])
 def gemv_wx_block_per_row(y, W, x):
-    """One block of 256 threads per output row: the threads stride along the row together (coalesced),
+    """One block of 256 threads per output row, tree sum in shared memory (coalesced).
+
+    One block of 256 threads per output row: the threads stride along the row together (coalesced),
     then add their 256 partial sums in shared memory in 8 halving steps. Predicted: near copy
     bandwidth for long rows; for short rows (K < a few thousand) the reduction and the block
     start-up dominate."""
@@ -248,7 +260,9 @@ def thread_per_col_kernel(y, x, W):
 
 @register("gemv", "gpu", "thread_per_col", rung=3, ptx=[(thread_per_col_kernel, SIG_XW)])
 def gemv_thread_per_col(y, x, W):
-    """The coalescing-correct layout: store W as (K, N) and give each thread one column. Now a warp
+    """The coalescing-correct layout: W (K,N), one thread per column.
+
+    The coalescing-correct layout: store W as (K, N) and give each thread one column. Now a warp
     reads W[k, n..n+31], 128 contiguous bytes, and no reduction is needed. Predicted: near copy
     bandwidth when N is large; with N = 4096 there are only 4096 threads (~1 warp per SM
     scheduler), too few loads in flight to cover DRAM latency."""
@@ -283,7 +297,9 @@ def splitk_kernel(y, x, W):
 
 @register("gemv", "gpu", "splitk", rung=4, ptx=[(splitk_kernel, SIG_XW)])
 def gemv_splitk(y, x, W):
-    """16x more threads: each block takes 32 columns and splits K 16 ways, then sums the 16 partial
+    """Split K 16 ways inside a block of 32 columns, partial sums added in shared memory.
+
+    16x more threads: each block takes 32 columns and splits K 16 ways, then sums the 16 partial
     results in shared memory. Same coalesced loads, 16x more of them in flight. Predicted: near copy
     bandwidth even for N = 4096."""
     splitk_kernel[ceil_div(y.size, SK_COLS), (SK_COLS, SK_SLICES)](y, x, W)
@@ -326,7 +342,9 @@ def splitk_grid_kernel(y, x, W):
 @register("gemv", "gpu", "splitk_grid", rung=5, ptx=[(zero_kernel, "void(float32[::1])"),
                                                       (splitk_grid_kernel, SIG_XW)])
 def gemv_splitk_grid(y, x, W):
-    """Split K across blocks as well: a 2D grid of (N/32) x (K/512) blocks, each summing 512 rows of
+    """Split K across blocks too (512 rows each), partial sums added with atomics.
+
+    Split K across blocks as well: a 2D grid of (N/32) x (K/512) blocks, each summing 512 rows of
     its 32 columns and adding the result into y with one atomic add per column (y is zeroed first,
     by a second tiny kernel). At K = N = 4096 that is 1024 blocks instead of 128, enough to fill
     every SM several times. Predicted: close to copy bandwidth at every size; the float sums now
