@@ -145,7 +145,7 @@ _INSPECT = """async () => {
     widgetErrors: Array.from(document.querySelectorAll('.jupyter-widgets .widget-error, .jupyter-widgets-error-widget'))
         .map(e => e.textContent.slice(0, 120)),
     untaggedTracebacks: Array.from(document.querySelectorAll('.cell:not(.tag_raises-exception) .output.traceback'))
-        .map(e => e.textContent.trim().split(String.fromCharCode(10)).pop().slice(0, 160)),
+        .map(e => (e.querySelector('pre') || e).textContent.trim().split(String.fromCharCode(10)).pop().slice(0, 160)),
     codeCells: document.querySelectorAll('.cell .cell_input').length,
     cellOutputs: document.querySelectorAll('.cell .cell_output').length,
     links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
