@@ -161,7 +161,7 @@ class KernelSteps:
     """One training step of the MLP as a sequence of registered kernels, on "cpu" or "gpu".
 
     The arrays live where the kernels run (NumPy float32 on the CPU, device arrays on the GPU) and are
-    allocated once; a step launches 11 kernels (2 linear forward, 1 ReLU forward, 5 linear backward,
+    allocated once; a step launches 13 kernels (2 linear forward, 1 ReLU forward, 5 linear backward,
     1 ReLU backward, plus 4 axpy updates) and runs the head on the host.
     """
 

@@ -109,3 +109,45 @@ def test_plot_helpers_draw(tmp_path):
     axes = viz_ch02.plot_state(x, y, -0.5, 1.5, lr=0.1, steps=10)
     assert len(axes[0].lines) >= 2
     plt.close("all")
+
+
+# ------------------------------------------------------------------ the exercises (solutions/ch02_*)
+SLUG = "ch02_regression"
+
+
+def _grade(answers, tmp_path, questions=None):
+    from _grading_support import generated
+    from kernels_src.grading import corpus
+    from kernels_src.grading.submission import grade_submission
+
+    nb = corpus.write_ipynb(corpus.build_submission(SLUG, answers), tmp_path / f"{SLUG}.ipynb")
+    return grade_submission(nb, generated(SLUG) / "build" / SLUG, jobs=2, run_otter=False, questions=questions)
+
+
+@pytest.mark.slow
+def test_exercise_stubs_score_zero_with_a_clear_message(tmp_path):
+    rec = _grade({"stub": ""}, tmp_path)
+    assert rec.possible > 0 and rec.score == 0
+    out = "\n".join(t.get("output", "") for t in rec.results["tests"])
+    assert "still the stub" in out
+
+
+@pytest.mark.slow
+def test_exercise_rejects_a_gradient_missing_its_factor_2(tmp_path):
+    wrong = '''@njit
+def regression_cpu(loss, dw, db, w, b, x, y):
+    n = x.shape[0]
+    s_rr = 0.0
+    s_rx = 0.0
+    s_r = 0.0
+    for i in range(n):
+        r = w * x[i] + b - y[i]
+        s_rr += r * r
+        s_rx += r * x[i]
+        s_r += r
+    loss[0] = s_rr / n
+    dw[0] = s_rx / n
+    db[0] = 2.0 * s_r / n
+'''
+    rec = _grade({"q1": wrong}, tmp_path, questions=["q1"])
+    assert rec.score == 0, rec.results

@@ -132,3 +132,42 @@ def test_gpu_kernel_training_follows_the_reference():
     else:
         res = mlp.compare_training("gpu", steps=2000)
         assert res["max_abs_gap"] <= mlp.LOSS_TOL, res["max_abs_gap"]
+
+
+# ------------------------------------------------------------------ the exercises (solutions/ch03_*)
+SLUG = "ch03_linear_backward"
+
+
+def _grade(answers, tmp_path, questions=None):
+    from _grading_support import generated
+    from kernels_src.grading import corpus
+    from kernels_src.grading.submission import grade_submission
+
+    nb = corpus.write_ipynb(corpus.build_submission(SLUG, answers), tmp_path / f"{SLUG}.ipynb")
+    return grade_submission(nb, generated(SLUG) / "build" / SLUG, jobs=2, run_otter=False, questions=questions)
+
+
+@pytest.mark.slow
+def test_exercise_stubs_score_zero_with_a_clear_message(tmp_path):
+    rec = _grade({"stub": ""}, tmp_path)
+    assert rec.possible > 0 and rec.score == 0
+    out = "\n".join(t.get("output", "") for t in rec.results["tests"])
+    assert "still the stub" in out
+
+
+@pytest.mark.slow
+def test_exercise_rejects_a_transposed_dw(tmp_path):
+    """dW[k, n] built from X[k, m]-style indexing (a confused transpose) must fail."""
+    wrong = '''@njit
+def dw_cpu(dW, X, G):
+    M, K = X.shape
+    N = G.shape[1]
+    for k in range(K):
+        for n in range(N):
+            acc = 0.0
+            for m in range(min(M, K)):
+                acc += X[k % M, m] * G[m, n]
+            dW[k, n] = acc
+'''
+    rec = _grade({"q1": wrong}, tmp_path, questions=["q1"])
+    assert rec.score == 0, rec.results

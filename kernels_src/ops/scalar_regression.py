@@ -28,6 +28,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..device import ceil_div, cuda
+from ..grading.exercise_ops import _sprinkle, exercise_op
 from ..registry import define_op, register
 
 
@@ -53,6 +54,17 @@ def make_inputs(size, dtype, rng):
     x, y = make_data(n, rng, dtype=dtype)
     w = dtype.type(rng.uniform(-1.0, 0.5))
     b = dtype.type(rng.uniform(0.5, 1.5))
+    return w, b, x, y
+
+
+def make_edge_inputs(size, dtype, rng):
+    """Awkward but finite values (for the graders' edge=True): exact and signed zeros, a subnormal, and
+    one sample far out (x = 3e4), whose terms dominate all three sums. (One, not two: two large terms
+    of opposite sign could cancel and leave a result far smaller than the float32 rounding of the
+    terms.) Nothing overflows float32."""
+    w, b, x, y = make_inputs(size, dtype, rng)
+    _sprinkle(x, rng, [0.0, -0.0, 1e-40, 3e4])
+    _sprinkle(y, rng, [0.0, -0.0])
     return w, b, x, y
 
 
@@ -98,6 +110,19 @@ define_op(
            "bench_gpu": [(1 << 10,), (1 << 14,), (1 << 18,), (1 << 22,), (1 << 24,), (1 << 26,)],
            "bench_sim": [(300,)]},
 )
+
+
+def reference_db(w, b, x, y):
+    """float64 oracle of the exercise op regression_db: dL/db alone."""
+    return np.array([2.0 * np.sum(w * x + b - y) / x.shape[0]])
+
+
+# An exercise-only op (chapter 2's GPU exercise): db as one reduction, no ladder of course variants.
+exercise_op("regression_db", reference=reference_db, make_inputs=make_inputs, chapter=2,
+            title="dL/db = (2/n) sum(w*x + b - y)", size_names=("n",), kind="memory", output_names=("db",),
+            tol=tolerance, flops=lambda s: 4 * s[0], bytes=lambda s, b: 2 * s[0] * b,
+            sizes={"check": [(1,), (7,), (129,), (300,), (4099,)], "check_sim": [(1,), (7,), (129,), (300,)],
+                   "bench": [(1 << 20,)]})
 
 
 # ------------------------------------------------------------------------------------------ CPU
