@@ -134,15 +134,20 @@ def _ptx_results(bundle: Bundle, items: list[dict], timeout: float) -> list[dict
             else:
                 todo.append(it)
     if todo:
-        res = sandbox.run({"mode": "ptx", "ptx": todo, "line_map": bundle.line_map}, bundle.source,
-                          device_mode="ptx", timeout=timeout)
+        for attempt in range(2):  # an environment hiccup (driver probing, a busy machine) gets one retry
+            res = sandbox.run({"mode": "ptx", "ptx": todo, "line_map": bundle.line_map}, bundle.source,
+                              device_mode="ptx", timeout=timeout)
+            infra = (res.status in ("no_result", "memory") or "CudaSupportError" in res.message
+                     or "driver" in res.message.lower())
+            if res.ok or not infra:
+                break
         got = res.payload.get("ptx") if res.ok else None
         for it in todo:
             k = (bundle.sha, it["kernel"], it["signature"])
             if got is None:
                 entry = dict(it, ok=False, grader=True,
                              message=res.message or "the PTX compiler process did not report a result")
-                if res.status == "load_error":
+                if res.status == "load_error" and not infra:
                     entry["message"] = "loading your code with the real CUDA compiler failed: " + res.message
                     entry["grader"] = False
             else:
@@ -253,6 +258,10 @@ def hints_for_error(err: dict, spec: CheckSpec) -> list[str]:
             return ["a thread indexed past the end of an array. The last block usually has threads beyond the end: "
                     "guard the loads and stores with `if i < n:` (and check the guard is not off by one)."]
         return ["an index ran past the end of an array: check your loop bounds (range(n), not range(n + 1))."]
+    if t == "MemoryError":
+        return ["your code tried to allocate more memory than the grader allows "
+                f"({sandbox.DEFAULT_MEMORY >> 20} MB of address space): are you allocating per element, or "
+                "an array sized by something other than n?"]
     if t == "ZeroDivisionError":
         return ["a division by zero: with n = 1, or an empty last block, some count is 0."]
     if t in ("TypeError", "AttributeError") and "shfl" in msg:

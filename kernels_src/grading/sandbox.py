@@ -96,7 +96,8 @@ def run(job: dict, source: str, *, inputs: dict | None = None, device_mode: str 
         env.update(HOME=str(work), TMPDIR=str(work), KERNELS_DEVICE=device_mode, PYTHONUNBUFFERED="1",
                    PYTHONDONTWRITEBYTECODE="1", NUMBA_CACHE_DIR=str(work / ".numba"), OMP_NUM_THREADS="1",
                    NUMBA_NUM_THREADS=os.environ.get("KERNELS_GRADING_NUMBA_THREADS", "2"),
-                   MPLBACKEND="Agg", PYTHONFAULTHANDLER="1")
+                   MPLBACKEND="Agg", PYTHONFAULTHANDLER="1",
+                   NUMBA_BOUNDSCHECK="1")  # @njit code raises IndexError instead of corrupting memory
         cmd = [sys.executable, "-I", "-m", "kernels_src.grading.worker", str(work / "job.json")]
         with open(work / "output.txt", "wb") as out:
             try:
