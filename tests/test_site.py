@@ -8,7 +8,8 @@ page it asserts:
 - no failed request and no HTTP error status;
 - no request leaves 127.0.0.1 (such requests are blocked and reported: the site must work offline);
 - every image has loaded (naturalWidth > 0);
-- MathJax typeset every math element, without a MathJax error;
+- MathJax typeset every math element, without a MathJax error, and no raw MyST role (`{glue:text}`)
+  or LaTeX (`$$`, `\\frac`) is left in the page's text outside code;
 - every widget snapshot rendered (a page with saved widget state shows rendered widget DOM);
 - every internal link resolves (target file exists, and the #fragment exists in it);
 - a chapter (notebooks/) with code cells shows outputs, i.e. it was executed, and no cell shows an
@@ -125,7 +126,7 @@ _WAIT_RENDERED = """() => {
   return mathOk && widgetsOk;
 }"""
 
-_INSPECT = """async () => {
+_INSPECT = r"""async () => {
   const imgs = Array.from(document.images);
   imgs.forEach(i => { i.loading = 'eager'; });
   await Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = i.onerror = r; })));
@@ -144,6 +145,14 @@ _INSPECT = """async () => {
         .map(s => s.textContent.slice(0, 120)),
     widgetErrors: Array.from(document.querySelectorAll('.jupyter-widgets .widget-error, .jupyter-widgets-error-widget'))
         .map(e => e.textContent.slice(0, 120)),
+    rawMarkup: (() => {
+      const art = document.querySelector('article') || document.body;
+      const copy = art.cloneNode(true);
+      copy.querySelectorAll('pre, code, script, style, mjx-container, .highlight').forEach(e => e.remove());
+      const text = copy.textContent;
+      const re = /\{(glue|glue:text|glue:md|term|ref|doc|numref|eq|math|cite)\}|\{glue:[a-z]+\}|\$\$|\\(frac|sum|mathrm|text|left|right)\b/g;
+      return Array.from(text.matchAll(re)).map(m => text.slice(Math.max(0, m.index - 40), m.index + 40).replace(/\s+/g, ' '));
+    })(),
     untaggedTracebacks: Array.from(document.querySelectorAll('.cell:not(.tag_raises-exception) .output.traceback'))
         .map(e => (e.querySelector('pre') || e).textContent.trim().split(String.fromCharCode(10)).pop().slice(0, 160)),
     codeCells: document.querySelectorAll('.cell .cell_input').length,
@@ -191,6 +200,7 @@ def test_page(page, site_url, browser):
             problems.append("page has saved widget state but no widget view")
         problems += [f"widget snapshot not rendered: {t}" for t in info["widgetsUnrendered"]]
         problems += [f"widget error: {t!r}" for t in info["widgetErrors"]]
+        problems += [f"unrendered MyST/LaTeX markup in the page text: ...{t}..." for t in info["rawMarkup"]]
         problems += [f"a cell shows an error and is not tagged raises-exception: {t}" for t in info["untaggedTracebacks"]]
         if page.startswith("notebooks/") and info["codeCells"] and not info["cellOutputs"]:
             problems.append(f"chapter has {info['codeCells']} code cells and no output: was it executed?")
