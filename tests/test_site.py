@@ -268,3 +268,27 @@ def test_make_lab_opens_markdown_notebooks_as_notebooks(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# ------------------------------------------------------------------------------ the kernel the book uses
+def test_book_executes_pages_with_this_environments_python(monkeypatch):
+    """Every page asks for the `python3` kernel, and (as `make book` runs it, JUPYTER_PREFER_ENV_PATH=1)
+    that kernel is this environment's Python, not some other python3 kernelspec found in ~/.local."""
+    import sys
+
+    import yaml
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    pages = sorted((ROOT / "notebooks").glob("ch*.md")) + sorted((ROOT / "exercises").glob("ch*.md"))
+    assert pages, "no notebooks found"
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert text.startswith("---\n"), f"{page.relative_to(ROOT)} has no jupytext header"
+        header = yaml.safe_load(text.split("---\n", 2)[1])
+        assert header.get("kernelspec", {}).get("name") == "python3", f"{page.relative_to(ROOT)}: kernelspec is not python3"
+    monkeypatch.setenv("JUPYTER_PREFER_ENV_PATH", "1")
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    exe = spec.argv[0]
+    # jupyter_client runs a bare "python" as sys.executable, i.e. this environment's interpreter.
+    assert exe in ("python", "python3") or Path(exe).resolve().is_relative_to(Path(sys.prefix).resolve()), \
+        f"the python3 kernel runs {exe}, not this environment ({sys.prefix}); spec in {spec.resource_dir}"
