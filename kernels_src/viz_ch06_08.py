@@ -91,6 +91,10 @@ def bench_ops(ops, out_dir, backend="gpu", repeat=20, peaks=None, log=print) -> 
                 log(f"no torch eager rows for {name}: {e}")
         _add_fractions(res)
         res["meta"]["command"] = "python -m kernels_src.viz_ch06_08 bench " + " ".join(sys.argv[2:])
+        from .ops import norms, softmax
+
+        res["meta"]["config"] = {"softmax.PER_THREAD": softmax.PER_THREAD, "norms.PER_THREAD": dict(norms.PER_THREAD),
+                                 "norms.ROWS": dict(norms.ROWS), "activations.ITEMS": 4}
         if out_dir:
             save_json(res, Path(out_dir) / f"{name}_{backend}.json")
         log(format_table(res) + f"\n  ({time.time() - t0:.1f} s)")
@@ -98,42 +102,64 @@ def bench_ops(ops, out_dir, backend="gpu", repeat=20, peaks=None, log=print) -> 
     return results
 
 
-def explore(out_dir, log=print, size=TARGET_SIZE, repeat=20) -> list[dict]:
-    """Block sizes (and, for the norms, blocks that loop over rows) for the register rungs, at one size.
-    Inputs are prepared once per op; every configuration is timed by the same CUDA-event harness."""
+def explore(out_dir, log=print, size=TARGET_SIZE, repeat=20, autotune=False) -> list[dict]:
+    """Block sizes (and rows per block for the norms) of the register rungs at one size: at N = 4096,
+    T threads hold 4096/T values each. Each configuration is first checked against the reference (a
+    full row and a ragged one); inputs are prepared once per op; every configuration is timed by the same
+    CUDA-event harness. With ``autotune`` each op then uses its fastest correct configuration."""
+    from . import parity
     from .bench import _median, _prepare, time_gpu
     from .ops import norms, softmax
     from .registry import get_op, get_variant
 
     rows = []
-    plan = {"softmax": (softmax, [(t, 0) for t in (256, 512, 1024)]),
-            "layernorm": (norms, [(t, 0) for t in (256, 512, 1024)] + [(512, 2), (512, 4)]),
-            "rmsnorm": (norms, [(t, 0) for t in (256, 512, 1024)] + [(512, 2), (512, 4)])}
-    for name, (mod, configs) in plan.items():
+    plan = {"softmax": [(t, 1) for t in (128, 256, 512, 1024)],
+            "layernorm": [(t, r) for r in (1, 2) for t in (128, 256, 512, 1024)],
+            "rmsnorm": [(t, r) for r in (1, 2) for t in (128, 256, 512, 1024)]}
+    fam = {"layernorm": "ln", "rmsnorm": "rms"}
+    chosen = {}
+    for name, configs in plan.items():
         op = get_op(name)
+        v = get_variant(f"{name}/gpu/regs_shfl")
         sets = _prepare(op, size, "float32", "gpu", 2)
         nbytes = op.bytes(size, 4)
-        for threads, persist in configs:
-            mod.THREADS = threads
-            if hasattr(mod, "PERSIST"):
-                mod.PERSIST = persist
-            for variant in ("regs_shfl", "regs"):
-                if variant == "regs" and (threads != 512 or persist):
-                    continue
-                row = {"op": name, "variant": variant, "threads": threads, "persist": persist}
-                try:
-                    t = _median(time_gpu(get_variant(f"{name}/gpu/{variant}").fn, sets, repeat=repeat))
-                    row.update(median_s=t, gbps=nbytes / t / 1e9)
-                except Exception as e:  # noqa: BLE001
-                    row["error"] = repr(e)[:300]
-                log(json.dumps(row))
-                rows.append(row)
-        mod.THREADS = None
-        if hasattr(mod, "PERSIST"):
-            mod.PERSIST = 0
+        best = None
+        for threads, nrows in configs:
+            per = size[1] // threads
+            if name == "softmax":
+                softmax.PER_THREAD = per
+            else:
+                norms.PER_THREAD[fam[name]] = per
+                norms.ROWS[fam[name]] = nrows
+            row = {"op": name, "variant": v.name, "threads": threads, "per_thread": per, "rows": nrows}
+            try:
+                bad = [str(r) for r in (parity.check_variant(v, op, s) for s in ((3, size[1]), (5, size[1] + 3)))
+                       if not r.ok]
+                t = _median(time_gpu(v.fn, sets, repeat=repeat))
+                row.update(median_s=t, gbps=nbytes / t / 1e9, correct=not bad)
+                if bad:
+                    row["check"] = bad[0][:300]
+                elif best is None or t < best[0]:
+                    best = (t, per, nrows)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = repr(e)[:300]
+            log(json.dumps(row))
+            rows.append(row)
+        if best is not None:
+            chosen[name] = {"per_thread": best[1], "rows": best[2]}
+        # back to the defaults unless autotuning
+        if name == "softmax":
+            softmax.PER_THREAD = chosen[name]["per_thread"] if (autotune and name in chosen) else 16
+        else:
+            f = fam[name]
+            norms.PER_THREAD[f] = chosen[name]["per_thread"] if (autotune and name in chosen) else 16
+            norms.ROWS[f] = chosen[name]["rows"] if (autotune and name in chosen) else 1
         del sets
+    log(f"fastest correct configurations: {chosen}; autotune={autotune}: softmax.PER_THREAD = "
+        f"{softmax.PER_THREAD}, norms.PER_THREAD = {norms.PER_THREAD}, norms.ROWS = {norms.ROWS}")
     if out_dir:
-        Path(out_dir, "explore_gpu.json").write_text(json.dumps(rows, indent=1))
+        Path(out_dir, "explore_gpu.json").write_text(json.dumps({"rows": rows, "fastest": chosen,
+                                                                 "autotune": autotune}, indent=1))
     return rows
 
 
@@ -184,11 +210,11 @@ def kernel_resources(log=print) -> list[dict]:
 
     sig_sm, sig_ln, sig_rms = softmax.SIG, norms.SIG_LN, norms.SIG_RMS
     items = []
-    for t, e in ((256, 16), (512, 8), (1024, 4)):
-        for sh in (True, False):
-            items.append((f"softmax regs t={t} e={e} shfl={sh}", softmax.kernel("regs", t, e, sh), sig_sm))
-            items.append((f"layernorm regs t={t} e={e} shfl={sh}", norms.kernel("ln_regs", t, e, sh, False), sig_ln))
-            items.append((f"rmsnorm regs t={t} e={e} shfl={sh}", norms.kernel("rms_regs", t, e, sh, False), sig_rms))
+    for t, e in ((128, 32), (256, 16), (512, 8)):
+        items.append((f"softmax regs_shfl t={t} e={e}", softmax.kernel("regs", t, e, True), sig_sm))
+        for r in (1, 2):
+            items.append((f"layernorm regs_shfl t={t} e={e} rows={r}", norms.kernel("ln_regs", t, e, True, r), sig_ln))
+            items.append((f"rmsnorm regs_shfl t={t} e={e} rows={r}", norms.kernel("rms_regs", t, e, True, r), sig_rms))
     out = []
     for label, k, sig in items:
         try:
@@ -211,6 +237,8 @@ def main(argv=None) -> int:
     b.add_argument("--backend", default="gpu", choices=["cpu", "gpu"])
     b.add_argument("--repeat", type=int, default=20)
     b.add_argument("--explore", action="store_true", help="also try block sizes of the register rungs")
+    b.add_argument("--autotune", action="store_true", help="with --explore: bench with the fastest block sizes")
+    b.add_argument("--tar", help="also pack every file written into this .tar.gz (the device tool returns 8 files)")
     b.add_argument("--margins", action="store_true", help="also check every GPU variant, with error margins")
     b.add_argument("--resources", action="store_true", help="also report registers per thread")
     args = p.parse_args(argv)
@@ -239,14 +267,282 @@ def main(argv=None) -> int:
         peaks = measure_peaks(args.backend)
         log(f"peaks: {peaks}")
         if args.explore:
-            explore(out, log)
+            explore(out, log, autotune=args.autotune)
             log(f"[explore done at {time.time() - t0:.0f} s]")
         bench_ops(ops, out, args.backend, args.repeat, peaks, log)
         log(f"[bench done at {time.time() - t0:.0f} s]")
     finally:
         (out / f"log_{args.backend}.txt").write_text("\n".join(log_lines) + "\n")
+        if args.tar:
+            import tarfile
+
+            with tarfile.open(args.tar, "w:gz") as tf:
+                for f in sorted(out.iterdir()):
+                    if f.is_file() and not f.name.endswith(".tar.gz"):
+                        tf.add(f, arcname=f.name)
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ======================================================================================= figures
+def _ax(ax, figsize=(7, 4)):
+    import matplotlib.pyplot as plt
+
+    return ax if ax is not None else plt.subplots(figsize=figsize)[1]
+
+
+def plot_gelu_approx(axes=None):
+    """Left: exact GELU and its tanh approximation. Right: approximation error (float64, so the curve is
+    the approximation's error alone, not rounding)."""
+    import matplotlib.pyplot as plt
+
+    from .ops.activations import gelu_tanh_error, relu_ref, silu_ref
+
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(12, 4))
+    x, exact, err = gelu_tanh_error()
+    approx = exact + err
+    ax = axes[0]
+    ax.plot(x, relu_ref(x), color="0.6", lw=1, label="ReLU")
+    ax.plot(x, silu_ref(x), ls="--", label="SiLU")
+    ax.plot(x, exact, lw=2, label="GELU (erf, exact)")
+    ax.plot(x, approx, ls=":", lw=2, label="GELU (tanh approximation)")
+    ax.set_xlim(-4, 4)
+    ax.set_ylim(-0.6, 4)
+    ax.set_xlabel("x")
+    ax.set_title("activations")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    ax.plot(x, err)
+    ax.axhline(0, color="k", lw=0.5)
+    i = int(np.argmax(np.abs(err)))
+    ax.annotate(f"max |error| {abs(err[i]):.1e} at x = {x[i]:.2f}", (x[i], err[i]), xytext=(10, -10),
+                textcoords="offset points", fontsize=8)
+    ax.set_xlabel("x")
+    ax.set_ylabel("tanh approx - exact")
+    ax.set_title("error of the tanh approximation (float64)")
+    ax.grid(alpha=0.3)
+    return axes
+
+
+def cancellation_errors(xs=None) -> dict:
+    """float32 relative error of two ways to write GELU and the tanh-GELU derivative's Phi-like factor,
+    against float64: the textbook form (1 + erf, 1 + tanh) and the form the kernels use (erfc, sigmoid)."""
+    import math
+
+    xs = np.linspace(-9, 3, 241) if xs is None else xs  # below -9 the true values leave float32's range
+    f32 = np.float32
+    out = {"x": xs, "erf form": [], "erfc form": [], "1 + tanh form": [], "sigmoid form": []}
+    from .ops.activations import gelu_ref
+
+    for x in xs:
+        xf = f32(x)
+        ex = float(gelu_ref(np.array([float(xf)]))[0])
+        u64 = math.sqrt(2 / math.pi) * (float(xf) + 0.044715 * float(xf) ** 3)
+        et = float(xf) / (1.0 + math.exp(-2.0 * u64))  # (1 + tanh u)/2 = sigmoid(2u): no cancellation
+        a = f32(0.5) * xf * (f32(1) + f32(math.erf(xf * f32(1 / math.sqrt(2)))))
+        b = f32(0.5) * xf * f32(math.erfc(-xf * f32(1 / math.sqrt(2))))
+        u = f32(math.sqrt(2 / math.pi)) * (xf + f32(0.044715) * xf * xf * xf)
+        c = f32(0.5) * xf * (f32(1) + f32(math.tanh(u)))
+        with np.errstate(over="ignore"):
+            d = xf / (f32(1) + f32(math.exp(min(-2 * float(u), 700.0))))
+        rel = lambda got, want: abs(float(got) - want) / abs(want) if want != 0 else 0.0  # noqa: E731
+        out["erf form"].append(rel(a, ex))
+        out["erfc form"].append(rel(b, ex))
+        out["1 + tanh form"].append(rel(c, et))
+        out["sigmoid form"].append(rel(d, et))
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def plot_cancellation(ax=None):
+    ax = _ax(ax)
+    r = cancellation_errors()
+    for k, style in (("erf form", "-"), ("erfc form", "-"), ("1 + tanh form", "--"), ("sigmoid form", "--")):
+        ax.semilogy(r["x"], np.maximum(r[k], 1e-9), style, label=k)
+    ax.axhline(np.finfo(np.float32).eps, color="k", lw=0.6, ls=":")
+    ax.annotate("float32 eps", (r["x"][0], np.finfo(np.float32).eps), xytext=(2, 3), textcoords="offset points",
+                fontsize=8)
+    ax.set_xlabel("x")
+    ax.set_ylabel("relative error in float32 (floored at 1e-9)")
+    ax.set_title("GELU in float32: where 1 + erf and 1 + tanh lose their digits")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_summation_errors(res=None, ax=None):
+    """Relative error of float32 summation orders against math.fsum, against n (log-log)."""
+    from .ops.reductions import summation_errors
+
+    res = res or summation_errors([2 ** k for k in range(6, 25, 2)])
+    ax = _ax(ax)
+    n = np.asarray(res["n"], dtype=float)
+    for k, st in (("naive", "o-"), ("pairwise", "s-"), ("numpy", "x--"), ("kahan", "^-"), ("f64acc", "v:")):
+        ax.loglog(n, np.maximum(res[k], 1e-10), st, label=k)
+    eps = np.finfo(np.float32).eps
+    ax.loglog(n, eps * np.sqrt(n) * 0.1, "k:", lw=0.8, label="0.1 sqrt(n) eps")
+    ax.axhline(eps / 2, color="0.5", lw=0.8, ls="--")
+    ax.annotate("eps/2: one rounding", (n[0], eps / 2), xytext=(2, 3), textcoords="offset points", fontsize=8)
+    ax.set_xlabel("n (uniform [0, 1) float32 values)")
+    ax.set_ylabel("relative error (floored at 1e-10)")
+    ax.set_title("Summing in float32: the order of the additions matters")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def variance_cancellation(offsets=(0, 1e1, 1e2, 1e3, 1e4), n=4096, seed=0) -> list[dict]:
+    """Relative error of the float32 variance of rows offset + N(0,1), two ways: E[x^2] - E[x]^2 (one
+    pass, cancels) and the mean of (x - mean)^2 (two passes, what the kernels do)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for off in offsets:
+        x = (off + rng.standard_normal(n)).astype(np.float32)
+        exact = np.var(x.astype(np.float64))
+        m = np.float32(np.sum(x, dtype=np.float32) / np.float32(n))
+        one = np.float32(np.sum(x * x, dtype=np.float32) / np.float32(n)) - m * m
+        two = np.float32(np.sum((x - m) * (x - m), dtype=np.float32) / np.float32(n))
+        rows.append({"offset": off, "exact": exact, "one_pass": float(one), "two_pass": float(two),
+                     "err_one_pass": abs(float(one) - exact) / exact, "err_two_pass": abs(float(two) - exact) / exact})
+    return rows
+
+
+def softmax_stability(n=8, seed=0) -> list[dict]:
+    """Run the CPU softmax rungs on three kinds of row and report NaN counts and max error vs reference."""
+    from .ops import softmax as sm
+
+    rng = np.random.default_rng(seed)
+    cases = {
+        "normal logits (scale 2)": (2 * rng.standard_normal((4, n))).astype(np.float32),
+        "logits of +-1e4": (1e4 * np.sign(rng.standard_normal((4, n)))).astype(np.float32),
+        "fully masked rows (all -inf)": np.full((4, n), -np.inf, dtype=np.float32),
+    }
+    rungs = {"naive": sm.softmax_naive, "safe": sm.softmax_safe, "online": sm.softmax_online}
+    out = []
+    for label, x in cases.items():
+        ref = sm.reference(x.astype(np.float64))
+        for name, fn in rungs.items():
+            y = np.full_like(x, np.nan)
+            with np.errstate(all="ignore"):
+                fn(y, x)
+            fin = np.isfinite(y)
+            err = float(np.max(np.abs(y[fin] - ref[fin]))) if fin.any() else float("nan")
+            out.append({"input": label, "rung": name, "nan": int(np.isnan(y).sum()), "of": y.size,
+                        "max_err_finite": err, "matches_reference": bool(np.allclose(y, ref, rtol=1e-5, atol=1e-7,
+                                                                                     equal_nan=False))})
+    return out
+
+
+def online_trace(x):
+    """Running max m_j and running sum s_j = sum_{k<=j} exp(x_k - m_j) of the online softmax over a row."""
+    m, s, ms, ss = -np.inf, 0.0, [], []
+    for v in np.asarray(x, dtype=np.float64):
+        if v > m:
+            s = s * np.exp(m - v) + 1.0
+            m = v
+        else:
+            s += np.exp(v - m)
+        ms.append(m)
+        ss.append(s)
+    return np.asarray(ms), np.asarray(ss)
+
+
+def plot_online_trace(x=None, ax=None):
+    import matplotlib.pyplot as plt
+
+    x = np.random.default_rng(3).normal(0, 2, 40) if x is None else np.asarray(x)
+    ms, ss = online_trace(x)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.8))
+    j = np.arange(x.size)
+    ax.bar(j, x, color="0.8", label="logit x_j")
+    ax.step(j, ms, where="mid", color="C3", label="running max m_j")
+    jumps = np.flatnonzero(np.diff(ms, prepend=-np.inf) > 0)
+    ax.plot(jumps, ms[jumps], "o", color="C3", ms=4)
+    ax.set_xlabel("position j in the row")
+    ax.set_ylabel("logit")
+    ax2 = ax.twinx()
+    ax2.plot(j, ss, color="C0", label="running sum s_j (relative to m_j)")
+    ax2.set_ylabel("s_j", color="C0")
+    for k in jumps:
+        ax.axvline(k, color="C3", lw=0.4, alpha=0.5)
+    ax.set_title("online softmax: each new maximum rescales the sum by exp(m_old - m_new)")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
+    return ax
+
+
+# --------------------------------------------------------------------------- benchmark-file helpers
+def row(result: dict, variant: str, size=None) -> dict | None:
+    """One timed row of a benchmark file (largest size unless given)."""
+    from .plots import largest_size, rows
+
+    size = tuple(size) if size is not None else largest_size(result)
+    for r in rows(result, size):
+        if r["variant"] == variant:
+            return r
+    return None
+
+
+def ladder_bars(result: dict, size=None, ax=None, title=None):
+    """GB/s of every variant at one size, with the run's copy bandwidth and 85 % of it as lines."""
+    from .plots import device_label, largest_size, rows
+
+    ax = _ax(ax, (8, 3.8))
+    size = tuple(size) if size is not None else largest_size(result)
+    rs = rows(result, size)
+    names = [r["variant"] for r in rs]
+    vals = [r["gbps"] for r in rs]
+    colors = ["0.6" if r["baseline"] else "C0" for r in rs]
+    ax.barh(range(len(rs)), vals, color=colors)
+    ax.set_yticks(range(len(rs)), names)
+    ax.invert_yaxis()
+    copy = (result.get("peaks") or {}).get("copy_gbps")
+    if copy:
+        ax.axvline(copy, color="k", lw=1)
+        ax.axvline(0.85 * copy, color="k", lw=1, ls=":")
+        ax.annotate(f"copy {copy:,.0f}", (copy, len(rs) - 0.5), xytext=(-4, 0), textcoords="offset points",
+                    ha="right", fontsize=8)
+        ax.annotate("85 %", (0.85 * copy, len(rs) - 0.5), xytext=(-4, 0), textcoords="offset points",
+                    ha="right", fontsize=8)
+    for i, v in enumerate(vals):
+        ax.annotate(f"{v:,.0f}", (v, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_xlabel("GB/s (bytes that must move / median time)")
+    ax.set_title(title or f"{result['op']} {result['rows'][0]['size_label'] if False else 'x'.join(map(str, size))} "
+                 f"on {device_label(result)} (grey: baselines)")
+    ax.grid(axis="x", alpha=0.3)
+    return ax
+
+
+def fusion_summary(result: dict, size=None) -> dict:
+    """Predicted and measured ratio of unfused to fused bias+GELU."""
+    from .ops.activations import bias_gelu_bytes_fused, bias_gelu_bytes_unfused
+
+    un, fu = row(result, "unfused", size), row(result, "fused", size)
+    s = tuple(un["size"])
+    pred = bias_gelu_bytes_unfused(s, 4) / bias_gelu_bytes_fused(s, 4)
+    return {"size": s, "bytes_unfused": bias_gelu_bytes_unfused(s, 4), "bytes_fused": bias_gelu_bytes_fused(s, 4),
+            "predicted_ratio": pred, "measured_ratio": un["median_s"] / fu["median_s"],
+            "t_unfused": un["median_s"], "t_fused": fu["median_s"], "gbps_unfused": un["gbps"],
+            "gbps_fused": fu["gbps"]}
+
+
+def summary_table(results: list[dict], variants=None) -> str:
+    """Markdown: one line per op at its largest size: the best course kernel's GB/s and % of copy."""
+    from .plots import _fmt_time, largest_size, rows
+
+    lines = ["| op | size | best course kernel | median | GB/s | % of copy BW |", "|---|---|---|---|---|---|"]
+    for res in results:
+        s = largest_size(res)
+        rs = [r for r in rows(res, s, baselines=False) if variants is None or r["variant"] in variants]
+        if not rs:
+            continue
+        b = max(rs, key=lambda r: r["gbps"])
+        lines.append(f"| {res['op']} | {b['size_label']} | `{b['variant']}` | {_fmt_time(b['median_s'])} | "
+                     f"{b['gbps']:,.0f} | {100 * b.get('frac_copy_bw', float('nan')):.1f} % |")
+    return "\n".join(lines)

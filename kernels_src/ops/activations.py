@@ -20,11 +20,13 @@ moves 4MN elements (x in, t out, t in, y out); one fused kernel moves 2MN.
 Ladder (every op)
   cpu/loop      rung 1   @njit loop calling the scalar function
   gpu/thread    rung 1   one thread per element calling the same scalar function
+  gpu/ilp4      rung 2   four elements per thread, all loads issued first: 4x the bytes in flight
 bias_gelu
   cpu/unfused   rung 1   y = x + b (one pass), then y = gelu(y) in place (a second pass)
   cpu/fused     rung 2   y = gelu(x + b) in one pass
   gpu/unfused   rung 1   two kernels, bias-add then GELU in place: 4MN elements move (bytes= counts both)
   gpu/fused     rung 2   one kernel: 2MN elements move; predicted 2x faster
+  (both bias_gelu GPU rungs handle four elements per thread, like gpu/ilp4)
 
 The scalar math is written once, as plain Python functions (``relu_s``, ``gelu_s``, ...). Each is
 compiled twice: with ``njit`` for the CPU loops and with ``cuda.jit(device=True)`` for the GPU kernels,
@@ -33,7 +35,7 @@ and one template kernel per arity turns a scalar function into an elementwise ke
 import math
 
 import numpy as np
-from numba import njit, vectorize
+from numba import float32, njit, vectorize
 
 from .. import device
 from ..device import ceil_div, cuda
@@ -52,9 +54,9 @@ C3_TANH = np.float32(3 * 0.044715)
 
 # ------------------------------------------------------------------------------- float64 references
 @vectorize(["float64(float64)"], cache=True)
-def _erf(x):
-    """NumPy has no erf: this is the C library's double-precision erf, applied elementwise."""
-    return math.erf(x)
+def _erfc(x):
+    """NumPy has no erfc: this is the C library's double-precision erfc, applied elementwise."""
+    return math.erfc(x)
 
 
 def relu_ref(x):
@@ -66,11 +68,13 @@ def relu_bwd_ref(dy, x):
 
 
 def gelu_ref(x):
-    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+    """x * Phi(x), with the normal CDF Phi(x) = erfc(-x / sqrt 2) / 2 (= (1 + erf(x / sqrt 2)) / 2, but
+    without cancelling to 0 for x < -8 even in float64)."""
+    return 0.5 * x * _erfc(-x / np.sqrt(2.0))
 
 
 def gelu_bwd_ref(dy, x):
-    cdf = 0.5 * (1.0 + _erf(x / np.sqrt(2.0)))
+    cdf = 0.5 * _erfc(-x / np.sqrt(2.0))
     pdf = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)
     return dy * (cdf + x * pdf)
 
@@ -250,13 +254,81 @@ def gpu_map3_2(f, h):
     return map3_2_kernel
 
 
+def gpu_map1_ilp(f):
+    """ITEMS elements per thread: a block of T threads covers ITEMS*T consecutive elements, thread t
+    taking t, t + T, t + 2T, ... (each load instruction of a warp still reads 128 contiguous bytes).
+    All loads are issued before any result is computed, so ITEMS loads per thread are in flight."""
+    fd = _dev(f)
+
+    @cuda.jit
+    def map1_ilp_kernel(out, a):
+        t = cuda.blockDim.x
+        base = cuda.blockIdx.x * (t * ITEMS) + cuda.threadIdx.x
+        va = cuda.local.array(ITEMS, float32)
+        for k in range(ITEMS):  # loads first ...
+            i = base + k * t
+            va[k] = a[i] if i < out.size else F0
+        for k in range(ITEMS):  # ... then compute and store
+            i = base + k * t
+            if i < out.size:
+                out[i] = fd(va[k])
+
+    return map1_ilp_kernel
+
+
+def gpu_map2_ilp(f):
+    fd = _dev(f)
+
+    @cuda.jit
+    def map2_ilp_kernel(out, a, b):
+        t = cuda.blockDim.x
+        base = cuda.blockIdx.x * (t * ITEMS) + cuda.threadIdx.x
+        va = cuda.local.array(ITEMS, float32)
+        vb = cuda.local.array(ITEMS, float32)
+        for k in range(ITEMS):
+            i = base + k * t
+            va[k] = a[i] if i < out.size else F0
+            vb[k] = b[i] if i < out.size else F0
+        for k in range(ITEMS):
+            i = base + k * t
+            if i < out.size:
+                out[i] = fd(va[k], vb[k])
+
+    return map2_ilp_kernel
+
+
+def gpu_map3_2_ilp(f, h):
+    fd, hd = _dev(f), _dev(h)
+
+    @cuda.jit
+    def map3_2_ilp_kernel(out1, out2, a, b, c):
+        t = cuda.blockDim.x
+        base = cuda.blockIdx.x * (t * ITEMS) + cuda.threadIdx.x
+        va = cuda.local.array(ITEMS, float32)
+        vb = cuda.local.array(ITEMS, float32)
+        vc = cuda.local.array(ITEMS, float32)
+        for k in range(ITEMS):
+            i = base + k * t
+            va[k] = a[i] if i < out1.size else F0
+            vb[k] = b[i] if i < out1.size else F0
+            vc[k] = c[i] if i < out1.size else F0
+        for k in range(ITEMS):
+            i = base + k * t
+            if i < out1.size:
+                out1[i] = fd(va[k], vb[k], vc[k])
+                out2[i] = hd(va[k], vb[k], vc[k])
+
+    return map3_2_ilp_kernel
+
+
 THREADS = 256
+ITEMS = 4  # elements per thread in the ilp4 rung
 V = "float32[::1]"
 
 
-def _blocks(n):
+def _blocks(n, items=1):
     t = 32 if device.SIMULATED else THREADS
-    return ceil_div(n, t), t
+    return ceil_div(n, t * items), t
 
 
 # ------------------------------------------------------------------------------------ registration
@@ -316,6 +388,11 @@ def _define(name, ref, make, fl, moved, n_out=1):
               flops=lambda s, fl=fl: fl * s[0], bytes=lambda s, b, m=moved: m * s[0] * b)
 
 
+ILP_DOC = """Four elements per thread, all four loads issued before any arithmetic. Rung 1 has one 4-byte
+    load in flight per thread, too few to cover DRAM latency (Little's law: bandwidth x latency bytes must
+    be in flight); four per thread quadruples the bytes in flight. Predict close to copy bandwidth."""
+
+
 def _register_unary(name, ref, make, fl, moved, f):
     _define(name, ref, make, fl, moved)
     loop, kern = cpu_map1(f), gpu_map1(f)
@@ -333,6 +410,15 @@ def _register_unary(name, ref, make, fl, moved, f):
                       "writes 4 bytes per element: predict ~90 % of copy bandwidth at large n.")
     register(name, "cpu", "loop", rung=1)(cpu_fn)
     register(name, "gpu", "thread", rung=1, ptx=[(kern, f"void({V}, {V})")])(gpu_fn)
+    kern4 = gpu_map1_ilp(f)
+    GPU_KERNELS[name + "/ilp4"] = kern4
+
+    def gpu_fn4(y, x):
+        b, t = _blocks(y.size, ITEMS)
+        kern4[b, t](y, x)
+
+    gpu_fn4.__doc__ = ILP_DOC
+    register(name, "gpu", "ilp4", rung=2, ptx=[(kern4, f"void({V}, {V})")])(gpu_fn4)
 
 
 def _register_binary(name, ref, make, fl, moved, f):
@@ -352,6 +438,15 @@ def _register_binary(name, ref, make, fl, moved, f):
                       "element: predict ~90 % of copy bandwidth at large n.")
     register(name, "cpu", "loop", rung=1)(cpu_fn)
     register(name, "gpu", "thread", rung=1, ptx=[(kern, f"void({V}, {V}, {V})")])(gpu_fn)
+    kern4 = gpu_map2_ilp(f)
+    GPU_KERNELS[name + "/ilp4"] = kern4
+
+    def gpu_fn4(y, a, b):
+        nb, t = _blocks(y.size, ITEMS)
+        kern4[nb, t](y, a, b)
+
+    gpu_fn4.__doc__ = ILP_DOC
+    register(name, "gpu", "ilp4", rung=2, ptx=[(kern4, f"void({V}, {V}, {V})")])(gpu_fn4)
 
 
 for _name, (_ref, _make, _fl, _moved, _f) in UNARY.items():
@@ -375,6 +470,16 @@ def swiglu_bwd_gpu(dg, du, dy, g, u):
     """One thread per element, both gradients from one read of dy, g, u: 20 bytes per element."""
     nb, t = _blocks(dg.size)
     GPU_KERNELS["swiglu_bwd"][nb, t](dg, du, dy, g, u)
+
+
+GPU_KERNELS["swiglu_bwd/ilp4"] = gpu_map3_2_ilp(swiglu_dg_s, swiglu_du_s)
+
+
+@register("swiglu_bwd", "gpu", "ilp4", rung=2,
+          ptx=[(GPU_KERNELS["swiglu_bwd/ilp4"], f"void({V}, {V}, {V}, {V}, {V})")], doc=ILP_DOC)
+def swiglu_bwd_ilp4(dg, du, dy, g, u):
+    nb, t = _blocks(dg.size, ITEMS)
+    GPU_KERNELS["swiglu_bwd/ilp4"][nb, t](dg, du, dy, g, u)
 
 
 # ------------------------------------------------------------------------ the fusion lesson: bias+GELU
@@ -447,24 +552,49 @@ def bias_gelu_fused_cpu(y, x, b):
 
 @cuda.jit
 def bias_add_kernel(y, x, b):
-    # x (M,N), b (N,) -> y (M,N); a 2D grid: blockIdx.y is the row, so there is no division by N
-    c, r = cuda.grid(2)
-    if c < x.shape[1] and r < x.shape[0]:
-        y[r, c] = x[r, c] + b[c]
+    # x (M,N), b (N,) -> y (M,N). Grid: (ceil(N / (ITEMS*T)), M); blockIdx.y is the row (no division by
+    # N anywhere) and each thread handles ITEMS columns, T apart, loading all of them first
+    t = cuda.blockDim.x
+    r = cuda.blockIdx.y
+    c0 = cuda.blockIdx.x * (t * ITEMS) + cuda.threadIdx.x
+    v = cuda.local.array(ITEMS, float32)
+    for k in range(ITEMS):
+        c = c0 + k * t
+        v[k] = x[r, c] + b[c] if c < x.shape[1] else F0
+    for k in range(ITEMS):
+        c = c0 + k * t
+        if c < x.shape[1]:
+            y[r, c] = v[k]
 
 
 @cuda.jit
 def gelu_inplace_kernel(y):
-    c, r = cuda.grid(2)
-    if c < y.shape[1] and r < y.shape[0]:
-        y[r, c] = _gelu_tanh_dev(y[r, c])
+    t = cuda.blockDim.x
+    r = cuda.blockIdx.y
+    c0 = cuda.blockIdx.x * (t * ITEMS) + cuda.threadIdx.x
+    v = cuda.local.array(ITEMS, float32)
+    for k in range(ITEMS):
+        c = c0 + k * t
+        v[k] = y[r, c] if c < y.shape[1] else F0
+    for k in range(ITEMS):
+        c = c0 + k * t
+        if c < y.shape[1]:
+            y[r, c] = _gelu_tanh_dev(v[k])
 
 
 @cuda.jit
 def bias_gelu_kernel(y, x, b):
-    c, r = cuda.grid(2)
-    if c < x.shape[1] and r < x.shape[0]:
-        y[r, c] = _gelu_tanh_dev(x[r, c] + b[c])
+    t = cuda.blockDim.x
+    r = cuda.blockIdx.y
+    c0 = cuda.blockIdx.x * (t * ITEMS) + cuda.threadIdx.x
+    v = cuda.local.array(ITEMS, float32)
+    for k in range(ITEMS):
+        c = c0 + k * t
+        v[k] = x[r, c] + b[c] if c < x.shape[1] else F0  # x + b lives in a register ...
+    for k in range(ITEMS):
+        c = c0 + k * t
+        if c < x.shape[1]:
+            y[r, c] = _gelu_tanh_dev(v[k])  # ... until GELU is applied: it never touches memory
 
 
 M2 = "float32[:, ::1]"
@@ -472,14 +602,15 @@ M2 = "float32[:, ::1]"
 
 def _grid2(m, n):
     t = 32 if device.SIMULATED else THREADS
-    return (ceil_div(n, t), m), (t, 1)
+    return (ceil_div(n, t * ITEMS), m), (t, 1)
 
 
 @register("bias_gelu", "gpu", "unfused", rung=1, bytes=bias_gelu_bytes_unfused,
           ptx=[(bias_add_kernel, f"void({M2}, {M2}, {V})"), (gelu_inplace_kernel, f"void({M2})")])
 def bias_gelu_unfused(y, x, b):
-    """Two kernels: y = x + b, then GELU in place. 4MN + N elements cross the memory bus (each pass
-    reads and writes the whole array once), so at full bandwidth predict twice the fused kernel's time."""
+    """Two kernels: y = x + b, then GELU in place (both written like the ilp4 rung of chapter 6: four
+    elements per thread). 4MN + N elements cross the memory bus (each pass reads and writes the whole
+    array once), so at full bandwidth predict twice the fused kernel's time."""
     grid, block = _grid2(*x.shape)
     bias_add_kernel[grid, block](y, x, b)
     gelu_inplace_kernel[grid, block](y)

@@ -39,13 +39,16 @@ from numba import float32, njit, prange
 from .. import device
 from ..device import ceil_div, cuda, needs_real_gpu
 from ..registry import define_op, register
-from .reductions import (FAST_MATH, ONE, ZERO, as_torch, block_sum_shfl, block_sum_smem, row_config,
-                         row_threads_streaming, torch_gpu)
+from .reductions import (FAST_MATH, ONE, ZERO, as_torch, block_sum2_shfl, block_sum2_smem, block_sum_shfl,
+                         block_sum_smem, block_welford_smem, row_config, row_threads_streaming, torch_gpu,
+                         warp_sum, warp_welford)
 
 EPS = 1e-5
 EPS32 = np.float32(EPS)
-THREADS = None  # override the block size of the register rungs (None: chosen from the row length)
-PERSIST = 0  # >0: the register rungs launch PERSIST blocks per SM that loop over rows (gamma, beta kept)
+THREADS = None  # block size of the register rungs (None: from the row length and PER_THREAD)
+PER_THREAD = {"ln": 16, "rms": 16}  # target values per thread in the register rungs (4096 -> 256 threads)
+ROWS = {"ln": 1, "rms": 1}  # rows per block in the real-GPU register rungs
+ROWS_IN_SIM = False  # tests set this to exercise ROWS > 1 in the simulator
 
 
 # --------------------------------------------------------------------------------------- references
@@ -331,71 +334,100 @@ def make_rms_stream_kernel(threads):
 
 
 # ---------------------------------------------------------------------------- GPU: register rungs
-def make_ln_regs_kernel(threads, items, shuffle, persist=False):
-    """Thread t of the block for row i holds x[i, t + k*threads], k < items, in registers. With
-    ``persist`` a block loops over rows i = blockIdx.x, + gridDim.x, ... and loads gamma, beta once."""
-    nbuf = 32 if shuffle else threads
+def make_ln_regs_kernel(threads, items, shuffle, rows=1):
+    """Thread t of a block holds x[i, t + k*threads], k < items, of each of its ``rows`` rows in
+    registers (all compile-time constants, so every loop unrolls and nothing spills to local memory).
+    Each thread summarises its values of a row as (count, mean, M2), and one block-wide Welford merge
+    per row gives the row's mean and variance. With rows > 1 a block normalises several rows at once:
+    more loads in flight per thread, and each gamma/beta value read once serves all of them."""
+    nbuf = (32 if shuffle else threads) * rows
+    nv = items * rows  # a compile-time constant, as cuda.local.array needs
 
     @cuda.jit(fastmath=FAST_MATH)
     def layernorm_regs_kernel(y, mean, rstd, x, gamma, beta):
-        b1 = cuda.shared.array(nbuf, float32)
-        b2 = cuda.shared.array(nbuf, float32)
+        bn = cuda.shared.array(nbuf, float32)
+        bm = cuda.shared.array(nbuf, float32)
+        bq = cuda.shared.array(nbuf, float32)
         tid = cuda.threadIdx.x
         m = x.shape[0]
         n = x.shape[1]
+        row0 = cuda.blockIdx.x * rows
+        v = cuda.local.array(nv, float32)
+        cnt = cuda.local.array(rows, float32)
+        mu = cuda.local.array(rows, float32)
+        q = cuda.local.array(rows, float32)
         full = n == threads * items
-        inv_n = ONE / float32(n)
-        v = cuda.local.array(items, float32)
-        g = cuda.local.array(items, float32)
-        b = cuda.local.array(items, float32)
-        for k in range(items):
-            c = tid + k * threads
-            g[k] = gamma[c] if c < n else ZERO
-            b[k] = beta[c] if c < n else ZERO
-        row = cuda.blockIdx.x
-        while row < m:
-            s = ZERO
-            if full:
-                for k in range(items):  # the only DRAM read of the row
-                    v[k] = x[row, tid + k * threads]
+        for rr in range(rows):  # the only DRAM read: items * rows loads in flight per thread
+            row = row0 + rr
+            if full and row < m:  # the common case: no per-element bounds tests between the loads
+                for k in range(items):
+                    v[rr * items + k] = x[row, tid + k * threads]
+                cnt[rr] = float32(items)
             else:
+                cnt[rr] = ZERO
                 for k in range(items):
                     c = tid + k * threads
-                    v[k] = x[row, c] if c < n else ZERO
+                    if c < n and row < m:
+                        v[rr * items + k] = x[row, c]
+                        cnt[rr] += ONE
+                    else:
+                        v[rr * items + k] = ZERO
+        for rr in range(rows):  # this thread's (count, mean, M2) per row, from registers
+            s = ZERO
             for k in range(items):
-                s += v[k]
-            if shuffle:
-                mu = block_sum_shfl(s, b1) * inv_n
-            else:
-                mu = block_sum_smem(s, b1) * inv_n
-            q = ZERO
-            for k in range(items):  # deviations, in place: padding must stay exactly 0
-                d = v[k] - mu if tid + k * threads < n else ZERO
-                v[k] = d
-                q += d * d
-            if shuffle:
-                var = block_sum_shfl(q, b2) * inv_n
-            else:
-                var = block_sum_smem(q, b2) * inv_n
-            r = ONE / math.sqrt(var + EPS32)
-            if tid == 0:
-                mean[row] = mu
-                rstd[row] = r
+                s += v[rr * items + k]
+            mu[rr] = s / cnt[rr] if cnt[rr] > ZERO else ZERO
+            qq = ZERO
             for k in range(items):
-                c = tid + k * threads
-                if c < n:
-                    y[row, c] = v[k] * r * g[k] + b[k]
-            if not persist:
-                break
-            if shuffle:
-                cuda.syncthreads()  # b1, b2 are rewritten by the next row's reductions
-            row += cuda.gridDim.x
+                ok = full or tid + k * threads < n
+                d = v[rr * items + k] - mu[rr] if ok else ZERO
+                qq += d * d
+            q[rr] = qq
+        if shuffle:  # per row: shuffles inside each warp, one value per warp to shared memory, ...
+            lane = tid % 32
+            w = tid // 32
+            nw = (threads + 31) // 32
+            for rr in range(rows):
+                a, b, c = warp_welford(cnt[rr], mu[rr], q[rr])
+                if lane == 0:
+                    bn[rr * 32 + w] = a
+                    bm[rr * 32 + w] = b
+                    bq[rr * 32 + w] = c
+            cuda.syncthreads()  # ... ONE barrier for all rows, then shuffles again
+            for rr in range(rows):
+                if lane < nw:
+                    a, b, c = warp_welford(bn[rr * 32 + lane], bm[rr * 32 + lane], bq[rr * 32 + lane])
+                else:
+                    a, b, c = warp_welford(ZERO, ZERO, ZERO)
+                mu[rr] = b
+                q[rr] = c
+        else:
+            for rr in range(rows):
+                a, b, c = block_welford_smem(cnt[rr], mu[rr], q[rr], bn, bm, bq)
+                mu[rr] = b
+                q[rr] = c
+        for rr in range(rows):
+            q[rr] = ONE / math.sqrt(q[rr] / float32(n) + EPS32)  # now rstd: eps inside the square root
+            row = row0 + rr
+            if tid == 0 and row < m:
+                mean[row] = mu[rr]
+                rstd[row] = q[rr]
+        for k in range(items):  # gamma and beta are read here, from L1/L2, once for all rows
+            c = tid + k * threads
+            if full or c < n:
+                g = gamma[c]
+                b0 = beta[c]
+                for rr in range(rows):
+                    row = row0 + rr
+                    if row < m:
+                        y[row, c] = (v[rr * items + k] - mu[rr]) * q[rr] * g + b0
 
     return layernorm_regs_kernel
 
 
-def make_rms_regs_kernel(threads, items, shuffle, persist=False):
-    nbuf = 32 if shuffle else threads
+def make_rms_regs_kernel(threads, items, shuffle, rows=1):
+    nbuf = (32 if shuffle else threads) * rows
+    nv = items * rows
 
     @cuda.jit(fastmath=FAST_MATH)
     def rmsnorm_regs_kernel(y, rstd, x, gamma):
@@ -403,41 +435,50 @@ def make_rms_regs_kernel(threads, items, shuffle, persist=False):
         tid = cuda.threadIdx.x
         m = x.shape[0]
         n = x.shape[1]
+        row0 = cuda.blockIdx.x * rows
+        v = cuda.local.array(nv, float32)
+        q = cuda.local.array(rows, float32)
         full = n == threads * items
-        inv_n = ONE / float32(n)
-        v = cuda.local.array(items, float32)
-        g = cuda.local.array(items, float32)
-        for k in range(items):
-            c = tid + k * threads
-            g[k] = gamma[c] if c < n else ZERO
-        row = cuda.blockIdx.x
-        while row < m:
-            if full:
+        for rr in range(rows):
+            row = row0 + rr
+            if full and row < m:
                 for k in range(items):
-                    v[k] = x[row, tid + k * threads]
+                    v[rr * items + k] = x[row, tid + k * threads]
             else:
                 for k in range(items):
                     c = tid + k * threads
-                    v[k] = x[row, c] if c < n else ZERO
-            q = ZERO
+                    v[rr * items + k] = x[row, c] if (c < n and row < m) else ZERO
+        for rr in range(rows):
+            qq = ZERO
             for k in range(items):
-                q += v[k] * v[k]
-            if shuffle:
-                ms = block_sum_shfl(q, b1) * inv_n
-            else:
-                ms = block_sum_smem(q, b1) * inv_n
-            r = ONE / math.sqrt(ms + EPS32)
-            if tid == 0:
-                rstd[row] = r
-            for k in range(items):
-                c = tid + k * threads
-                if c < n:
-                    y[row, c] = v[k] * r * g[k]
-            if not persist:
-                break
-            if shuffle:
-                cuda.syncthreads()
-            row += cuda.gridDim.x
+                qq += v[rr * items + k] * v[rr * items + k]
+            q[rr] = qq
+        if shuffle:
+            lane = tid % 32
+            nw = (threads + 31) // 32
+            for rr in range(rows):
+                a = warp_sum(q[rr])
+                if lane == 0:
+                    b1[rr * 32 + tid // 32] = a
+            cuda.syncthreads()
+            for rr in range(rows):
+                q[rr] = warp_sum(b1[rr * 32 + lane] if lane < nw else ZERO)
+        else:
+            for rr in range(rows):
+                q[rr] = block_sum_smem(q[rr], b1)
+        for rr in range(rows):
+            q[rr] = ONE / math.sqrt(q[rr] / float32(n) + EPS32)
+            row = row0 + rr
+            if tid == 0 and row < m:
+                rstd[row] = q[rr]
+        for k in range(items):
+            c = tid + k * threads
+            if full or c < n:
+                g = gamma[c]
+                for rr in range(rows):
+                    row = row0 + rr
+                    if row < m:
+                        y[row, c] = v[rr * items + k] * q[rr] * g
 
     return rmsnorm_regs_kernel
 
@@ -465,14 +506,14 @@ def _num_sms() -> int:
 
 def _regs_launch(kind, stream_kind, shuffle, out_args, x, in_args):
     m, n = x.shape
-    cfg = row_config(n, THREADS)
+    fam = kind.split("_")[0]
+    cfg = row_config(n, THREADS, PER_THREAD[fam])
     if cfg is None:  # a row too long for registers: stream it
         t = row_threads_streaming(n)
         return kernel(stream_kind, t)[m, t](*out_args, x, *in_args)
     t, e = cfg
-    persist = PERSIST > 0 and not device.SIMULATED
-    grid = min(m, PERSIST * _num_sms()) if persist else m
-    kernel(kind, t, e, shuffle, persist)[grid, t](*out_args, x, *in_args)
+    rows = ROWS[fam] if (shuffle or (device.SIMULATED and ROWS_IN_SIM)) else 1
+    kernel(kind, t, e, shuffle, rows)[ceil_div(m, rows), t](*out_args, x, *in_args)
 
 
 @register("layernorm", "gpu", "row_smem", rung=1, ptx=[(kernel("ln_stream", PTX_STREAM), SIG_LN)])
@@ -484,19 +525,20 @@ def layernorm_row_smem(y, mean, rstd, x, gamma, beta):
     kernel("ln_stream", t)[x.shape[0], t](y, mean, rstd, x, gamma, beta)
 
 
-@register("layernorm", "gpu", "regs", rung=2, ptx=[(kernel("ln_regs", 512, 8, False, False), SIG_LN)])
+@register("layernorm", "gpu", "regs", rung=2, ptx=[(kernel("ln_regs", 256, 16, False, 1), SIG_LN)])
 def layernorm_regs(y, mean, rstd, x, gamma, beta):
-    """The row is loaded into registers once (512 threads x 8 values at N = 4096); mean and variance
-    are computed from registers, so DRAM sees x once and y once: predict ~80 % of copy bandwidth, held
-    back by two shared-memory trees of 9 barriers each. This is also the simulator's rung 3."""
+    """The row is loaded into registers once (256 threads x 16 values at N = 4096); each thread reduces
+    its 16 values to (count, mean, M2) and one Welford merge over the block gives mean and variance, so
+    DRAM sees x once and y once. The merge is a shared-memory tree of 8 barriers: predict ~80 % of copy
+    bandwidth. This is also the simulator's version of rung 3."""
     _regs_launch("ln_regs", "ln_stream", False, (y, mean, rstd), x, (gamma, beta))
 
 
-@register("layernorm", "gpu", "regs_shfl", rung=3, ptx=[(kernel("ln_regs", 512, 8, True, False), SIG_LN)],
+@register("layernorm", "gpu", "regs_shfl", rung=3, ptx=[(kernel("ln_regs", 256, 16, True, 1), SIG_LN), (kernel("ln_regs", 256, 16, True, 2), SIG_LN)],
           requires=needs_real_gpu)
 def layernorm_regs_shfl(y, mean, rstd, x, gamma, beta):
-    """Rung 2 with warp-shuffle reductions: one barrier per reduction instead of 9. Predict >= 85 % of
-    copy bandwidth at 16384 x 4096."""
+    """Rung 2 with the Welford merge done by warp shuffles: one barrier per row instead of 8. Predict
+    >= 85 % of copy bandwidth at 16384 x 4096."""
     _regs_launch("ln_regs", "ln_stream", True, (y, mean, rstd), x, (gamma, beta))
 
 
@@ -507,13 +549,13 @@ def rmsnorm_row_smem(y, rstd, x, gamma):
     kernel("rms_stream", t)[x.shape[0], t](y, rstd, x, gamma)
 
 
-@register("rmsnorm", "gpu", "regs", rung=2, ptx=[(kernel("rms_regs", 512, 8, False, False), SIG_RMS)])
+@register("rmsnorm", "gpu", "regs", rung=2, ptx=[(kernel("rms_regs", 256, 16, False, 1), SIG_RMS)])
 def rmsnorm_regs(y, rstd, x, gamma):
     """Row in registers, one shared-memory tree: x read once. The simulator's version of rung 3."""
     _regs_launch("rms_regs", "rms_stream", False, (y, rstd), x, (gamma,))
 
 
-@register("rmsnorm", "gpu", "regs_shfl", rung=3, ptx=[(kernel("rms_regs", 512, 8, True, False), SIG_RMS)],
+@register("rmsnorm", "gpu", "regs_shfl", rung=3, ptx=[(kernel("rms_regs", 256, 16, True, 1), SIG_RMS), (kernel("rms_regs", 256, 16, True, 2), SIG_RMS)],
           requires=needs_real_gpu)
 def rmsnorm_regs_shfl(y, rstd, x, gamma):
     """Row in registers, warp-shuffle reduction: predict >= 85 % of copy bandwidth at 16384 x 4096."""
@@ -567,13 +609,15 @@ def eager_rmsnorm(x, gamma):
 
 
 # ---------------------------------------------------------------------------------- GPU: backward
-def make_ln_bwd_kernel(threads, items):
+def make_ln_bwd_kernel(threads, items, shuffle=False):
+    nbuf = 32 if shuffle else threads
+
     @cuda.jit(fastmath=FAST_MATH)
     def layernorm_bwd_kernel(dx, pg, pb, dy, x, mean, rstd, gamma):
         # dy, x (M,N), mean, rstd (M,), gamma (N,) -> dx (M,N); pg, pb (gridDim.x, N): this block's
         # partial dgamma, dbeta over the rows it handled (rows blockIdx.x, + gridDim.x, ...)
-        b1 = cuda.shared.array(threads, float32)
-        b2 = cuda.shared.array(threads, float32)
+        b1 = cuda.shared.array(nbuf, float32)
+        b2 = cuda.shared.array(nbuf, float32)
         tid = cuda.threadIdx.x
         m = x.shape[0]
         n = x.shape[1]
@@ -606,8 +650,13 @@ def make_ln_bwd_kernel(threads, items):
                 gg[k] = g
                 sg += g
                 sgx += g * xhat
-            sg = block_sum_smem(sg, b1) * inv_n
-            sgx = block_sum_smem(sgx, b2) * inv_n
+            if shuffle:  # both row sums in one reduction (one barrier)
+                sg, sgx = block_sum2_shfl(sg, sgx, b1, b2)
+                cuda.syncthreads()  # b1, b2 are reused by the next row
+            else:
+                sg, sgx = block_sum2_smem(sg, sgx, b1, b2)
+            sg *= inv_n
+            sgx *= inv_n
             for k in range(items):
                 c = tid + k * threads
                 if c < n:
@@ -622,10 +671,12 @@ def make_ln_bwd_kernel(threads, items):
     return layernorm_bwd_kernel
 
 
-def make_rms_bwd_kernel(threads, items):
+def make_rms_bwd_kernel(threads, items, shuffle=False):
+    nbuf = 32 if shuffle else threads
+
     @cuda.jit(fastmath=FAST_MATH)
     def rmsnorm_bwd_kernel(dx, pg, dy, x, rstd, gamma):
-        b1 = cuda.shared.array(threads, float32)
+        b1 = cuda.shared.array(nbuf, float32)
         tid = cuda.threadIdx.x
         m = x.shape[0]
         n = x.shape[1]
@@ -652,7 +703,12 @@ def make_rms_bwd_kernel(threads, items):
                 xv[k] = xx
                 gg[k] = g
                 sgx += g * xx
-            coef = r * r * block_sum_smem(sgx, b1) * inv_n
+            if shuffle:
+                tot = block_sum_shfl(sgx, b1)
+                cuda.syncthreads()  # b1 is reused by the next row
+            else:
+                tot = block_sum_smem(sgx, b1)
+            coef = r * r * tot * inv_n
             for k in range(items):
                 c = tid + k * threads
                 if c < n:
@@ -680,10 +736,10 @@ def column_sum_kernel(out, part):
 _bwd_kernels: dict = {}
 
 
-def _bwd_kernel(kind, t, e):
-    key = (kind, t, e)
+def _bwd_kernel(kind, t, e, shuffle=False):
+    key = (kind, t, e, shuffle)
     if key not in _bwd_kernels:
-        _bwd_kernels[key] = (make_ln_bwd_kernel if kind == "ln" else make_rms_bwd_kernel)(t, e)
+        _bwd_kernels[key] = (make_ln_bwd_kernel if kind == "ln" else make_rms_bwd_kernel)(t, e, shuffle)
     return _bwd_kernels[key]
 
 
@@ -697,11 +753,14 @@ def _partials(g, n, which):
     return _scratch[key]
 
 
-def _bwd_config(m, n):
-    cfg = row_config(n, THREADS)
+BWD_BLOCKS_PER_SM = {False: 2, True: 4}  # rung 1, rung 2
+
+
+def _bwd_config(m, n, shuffle):
+    cfg = row_config(n, None, 8)
     if cfg is None:
-        raise NotImplementedError(f"the GPU norm backward keeps a row in registers: N <= {1024 * 16}, got {n}")
-    g = min(m, 4 if device.SIMULATED else 2 * _num_sms())  # blocks; each owns every g-th row
+        raise NotImplementedError(f"the GPU norm backward keeps a row in registers: N <= {1024 * 32}, got {n}")
+    g = min(m, 4 if device.SIMULATED else BWD_BLOCKS_PER_SM[shuffle] * _num_sms())  # each owns every g-th row
     return cfg[0], cfg[1], g
 
 
@@ -712,29 +771,54 @@ SIG_RMS_BWD = ("void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32[
 SIG_COLSUM = "void(float32[::1], float32[:, ::1])"
 
 
-@register("layernorm_bwd", "gpu", "regs", rung=1,
-          ptx=[(_bwd_kernel("ln", 512, 8), SIG_LN_BWD), (column_sum_kernel, SIG_COLSUM)])
-def layernorm_bwd_gpu(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
-    """Kernel 1: 2 x SMs blocks, each taking every G-th row: two block sums give dx, and each thread keeps
-    its columns' partial dgamma, dbeta in registers across the rows, writing them once. Kernel 2: one
-    thread per column sums the G partials. No atomics, so the result is deterministic. Reads dy, x once
-    and writes dx once: predict ~70-80 % of copy bandwidth."""
+def _ln_bwd(shuffle, dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
     m, n = x.shape
-    t, e, g = _bwd_config(m, n)
+    t, e, g = _bwd_config(m, n, shuffle)
     pg, pb = _partials(g, n, "g"), _partials(g, n, "b")
-    _bwd_kernel("ln", t, e)[g, t](dx, pg, pb, dy, x, mean, rstd, gamma)
+    _bwd_kernel("ln", t, e, shuffle)[g, t](dx, pg, pb, dy, x, mean, rstd, gamma)
     tc = 32 if device.SIMULATED else 256
     column_sum_kernel[ceil_div(n, tc), tc](dgamma, pg)
     column_sum_kernel[ceil_div(n, tc), tc](dbeta, pb)
+
+
+def _rms_bwd(shuffle, dx, dgamma, dy, x, rstd, gamma):
+    m, n = x.shape
+    t, e, g = _bwd_config(m, n, shuffle)
+    pg = _partials(g, n, "g")
+    _bwd_kernel("rms", t, e, shuffle)[g, t](dx, pg, dy, x, rstd, gamma)
+    tc = 32 if device.SIMULATED else 256
+    column_sum_kernel[ceil_div(n, tc), tc](dgamma, pg)
+
+
+@register("layernorm_bwd", "gpu", "regs", rung=1,
+          ptx=[(_bwd_kernel("ln", 512, 8), SIG_LN_BWD), (column_sum_kernel, SIG_COLSUM)])
+def layernorm_bwd_gpu(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
+    """Kernel 1: 2 x SMs blocks, each taking every G-th row: one shared-memory tree for the two row sums
+    gives dx, and each thread keeps its columns' partial dgamma, dbeta in registers across the rows,
+    writing them once. Kernel 2: one thread per column sums the G partials. No atomics, so the result
+    is deterministic. Reads dy, x once and writes dx once; but each block walks its rows one after the
+    other, waiting at every barrier, with only 2 blocks per SM to cover the wait: predict well under
+    half of copy bandwidth."""
+    _ln_bwd(False, dx, dgamma, dbeta, dy, x, mean, rstd, gamma)
+
+
+@register("layernorm_bwd", "gpu", "regs_shfl", rung=2, requires=needs_real_gpu,
+          ptx=[(_bwd_kernel("ln", 512, 8, True), SIG_LN_BWD), (column_sum_kernel, SIG_COLSUM)])
+def layernorm_bwd_shfl(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
+    """Rung 1 with warp shuffles for the row sums (two barriers per row instead of 9) and 4 blocks per
+    SM instead of 2, so more rows are in flight: predict about twice rung 1's bandwidth."""
+    _ln_bwd(True, dx, dgamma, dbeta, dy, x, mean, rstd, gamma)
 
 
 @register("rmsnorm_bwd", "gpu", "regs", rung=1,
           ptx=[(_bwd_kernel("rms", 512, 8), SIG_RMS_BWD), (column_sum_kernel, SIG_COLSUM)])
 def rmsnorm_bwd_gpu(dx, dgamma, dy, x, rstd, gamma):
     """Same structure as the LayerNorm backward, with one row sum instead of two and no dbeta."""
-    m, n = x.shape
-    t, e, g = _bwd_config(m, n)
-    pg = _partials(g, n, "g")
-    _bwd_kernel("rms", t, e)[g, t](dx, pg, dy, x, rstd, gamma)
-    tc = 32 if device.SIMULATED else 256
-    column_sum_kernel[ceil_div(n, tc), tc](dgamma, pg)
+    _rms_bwd(False, dx, dgamma, dy, x, rstd, gamma)
+
+
+@register("rmsnorm_bwd", "gpu", "regs_shfl", rung=2, requires=needs_real_gpu,
+          ptx=[(_bwd_kernel("rms", 512, 8, True), SIG_RMS_BWD), (column_sum_kernel, SIG_COLSUM)])
+def rmsnorm_bwd_shfl(dx, dgamma, dy, x, rstd, gamma):
+    """Warp-shuffle row sum and 4 blocks per SM."""
+    _rms_bwd(True, dx, dgamma, dy, x, rstd, gamma)

@@ -274,6 +274,115 @@ warp_max = _make_warp_reduce(_max)
 block_sum_shfl = _make_shfl_reduce(warp_sum, ZERO)
 block_max_shfl = _make_shfl_reduce(warp_max, NEG_INF)
 
+# ---------------------------------------------- GPU: reductions of pairs and of (count, mean, M2) triples
+@cuda.jit(device=True, inline="always")
+def block_sum2_smem(a, b, ba, bb):
+    """Two block sums in one shared-memory tree (buffers float32[blockDim.x] each)."""
+    tid = cuda.threadIdx.x
+    ba[tid] = a
+    bb[tid] = b
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            ba[tid] += ba[tid + s]
+            bb[tid] += bb[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    a = ba[0]
+    b = bb[0]
+    cuda.syncthreads()
+    return a, b
+
+
+@cuda.jit(device=True, inline="always")
+def block_sum2_shfl(a, b, wa, wb):
+    """Two block sums with warp shuffles and ONE barrier (buffers float32[32] each)."""
+    a = warp_sum(a)
+    b = warp_sum(b)
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    if lane == 0:
+        wa[tid // 32] = a
+        wb[tid // 32] = b
+    cuda.syncthreads()
+    nw = (cuda.blockDim.x + 31) // 32
+    a = wa[lane] if lane < nw else ZERO
+    b = wb[lane] if lane < nw else ZERO
+    return warp_sum(a), warp_sum(b)
+
+
+@cuda.jit(device=True, inline="always")
+def welford_combine(na, ma, qa, nb, mb, qb):
+    """Merge two (count, mean, sum of squared deviations from the mean) summaries of disjoint sets into
+    the summary of their union (Chan, Golub and LeVeque's pairwise update). No E[x^2] - E[x]^2 anywhere,
+    so nothing cancels when |mean| >> std."""
+    n = na + nb
+    if n == ZERO:
+        return ZERO, ZERO, ZERO
+    d = mb - ma
+    f = nb / n
+    return n, ma + d * f, qa + qb + d * d * na * f
+
+
+@cuda.jit(device=True, inline="always")
+def block_welford_smem(n, m, q, bn, bm, bq):
+    """Block-wide merge of per-thread (count, mean, M2) with a shared-memory tree (3 float32[T] buffers)."""
+    tid = cuda.threadIdx.x
+    bn[tid] = n
+    bm[tid] = m
+    bq[tid] = q
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            n2, m2, q2 = welford_combine(bn[tid], bm[tid], bq[tid], bn[tid + s], bm[tid + s], bq[tid + s])
+            bn[tid] = n2
+            bm[tid] = m2
+            bq[tid] = q2
+        cuda.syncthreads()
+        s //= 2
+    n = bn[0]
+    m = bm[0]
+    q = bq[0]
+    cuda.syncthreads()
+    return n, m, q
+
+
+@cuda.jit(device=True, inline="always")
+def warp_welford(n, m, q):
+    off = 16
+    while off > 0:
+        n2 = cuda.shfl_xor_sync(FULL_MASK, n, off)
+        m2 = cuda.shfl_xor_sync(FULL_MASK, m, off)
+        q2 = cuda.shfl_xor_sync(FULL_MASK, q, off)
+        n, m, q = welford_combine(n, m, q, n2, m2, q2)
+        off //= 2
+    return n, m, q
+
+
+@cuda.jit(device=True, inline="always")
+def block_welford_shfl(n, m, q, wn, wm, wq):
+    """Block-wide merge with warp shuffles and one barrier (3 float32[32] buffers)."""
+    tid = cuda.threadIdx.x
+    lane = tid % 32
+    n, m, q = warp_welford(n, m, q)
+    if lane == 0:
+        wn[tid // 32] = n
+        wm[tid // 32] = m
+        wq[tid // 32] = q
+    cuda.syncthreads()
+    if lane < (cuda.blockDim.x + 31) // 32:
+        n = wn[lane]
+        m = wm[lane]
+        q = wq[lane]
+    else:
+        n = ZERO
+        m = ZERO
+        q = ZERO
+    return warp_welford(n, m, q)
+
+
 _COMBINE = {"sum": (_add, ZERO, block_sum_smem, block_sum_shfl),
             "max": (_max, NEG_INF, block_max_smem, block_max_shfl)}
 
@@ -417,7 +526,7 @@ def summation_errors(ns, rng=None, trials: int = 3) -> dict:
 # A row of N floats, one block per row. The fast kernels keep the row in registers: each of T threads
 # holds E = ceil(N / T) elements in a cuda.local.array whose size is a compile-time constant (so the
 # compiler can unroll every loop over it and keep it in registers instead of local memory).
-ROW_MAX_ITEMS = 16  # more than 16 floats per thread starts to cost occupancy; longer rows stream instead
+ROW_MAX_ITEMS = 32  # more than 32 floats per thread starts to cost occupancy; longer rows stream instead
 FAST_MATH = {"contract", "afn", "arcp", "nsz", "reassoc"}  # fastmath without "ninf"/"nnan": -inf must survive
 
 
@@ -433,15 +542,15 @@ def row_threads_streaming(n: int, big: int = 256) -> int:
     return big
 
 
-def row_config(n: int, threads: int | None = None):
+def row_config(n: int, threads: int | None = None, per_thread: int = 8):
     """(T, E) for a register-resident row of n elements, or None when the row is too long.
-    GPU: T = n/8 rounded to a power of two within [32, 1024] (4096 -> 512 threads of 8), unless
-    ``threads`` is given; E rounded up to a power of two so few distinct kernels get compiled.
-    Simulator: T <= 32 and E exact."""
+    GPU: T = n/per_thread rounded up to a power of two within [32, 1024] (n = 4096, per_thread = 16 ->
+    256 threads of 16 values), unless ``threads`` is given; E = ceil(n/T) rounded up to a power of two
+    so that few distinct kernels get compiled. Simulator: T <= 32 and E exact."""
     if device.SIMULATED:
         t = min(32, next_pow2(n))
         return t, ceil_div(n, t)
-    t = threads or min(1024, max(32, next_pow2(ceil_div(n, 8))))
+    t = threads or min(1024, max(32, next_pow2(ceil_div(n, per_thread))))
     e = next_pow2(ceil_div(n, t))
     return (t, e) if e <= ROW_MAX_ITEMS else None
 

@@ -39,7 +39,8 @@ from ..registry import define_op, register
 from .reductions import (FAST_MATH, NEG_INF, ONE, ZERO, as_torch, block_max_smem, block_sum_smem, row_config,
                          row_threads_streaming, torch_gpu)
 
-THREADS = None  # override the block size of the register rungs (None: chosen from the row length)
+THREADS = None  # block size of the register rungs (None: from the row length and PER_THREAD)
+PER_THREAD = 16  # target values per thread in the register rungs (N = 4096 -> 256 threads of 16)
 
 
 # --------------------------------------------------------------------------------------- reference
@@ -92,7 +93,7 @@ define_op("softmax_bwd", reference=reference_bwd, make_inputs=make_inputs_bwd, c
 
 
 # --------------------------------------------------------------------------------------------- CPU
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def softmax_naive_rows(y, x):
     m, n = x.shape
     for i in range(m):
@@ -110,7 +111,7 @@ def softmax_naive(y, x):
     softmax_naive_rows(y, x)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def softmax_safe_rows(y, x):
     m, n = x.shape
     for i in range(m):
@@ -135,7 +136,7 @@ def softmax_safe(y, x):
     softmax_safe_rows(y, x)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _online_row(y, x, i):
     n = x.shape[1]
     mx = np.float32(-np.inf)
@@ -155,7 +156,7 @@ def _online_row(y, x, i):
         y[i, j] = np.exp(x[i, j] - mx) * inv
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def softmax_online_rows(y, x):
     for i in range(x.shape[0]):
         _online_row(y, x, i)
@@ -169,7 +170,7 @@ def softmax_online(y, x):
     softmax_online_rows(y, x)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def softmax_online_prange_rows(y, x):
     for i in prange(x.shape[0]):
         _online_row(y, x, i)
@@ -182,7 +183,7 @@ def softmax_online_prange(y, x):
     softmax_online_prange_rows(y, x)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def softmax_bwd_rows(dx, dy, y):
     m, n = y.shape
     for i in range(m):
@@ -417,23 +418,24 @@ def softmax_online_gpu(y, x):
 
 
 def _launch_regs(shuffle, y, x):
-    cfg = row_config(x.shape[1], THREADS)
+    cfg = row_config(x.shape[1], THREADS, PER_THREAD)
     if cfg is None:  # a row too long for registers: stream it instead
         return _launch_streaming("online", y, x)
     t, e = cfg
     kernel("regs", t, e, shuffle)[x.shape[0], t](y, x)
 
 
-@register("softmax", "gpu", "regs", rung=4, ptx=[(kernel("regs", 512, 8, False), SIG)])
+@register("softmax", "gpu", "regs", rung=4, ptx=[(kernel("regs", 256, 16, False), SIG)])
 def softmax_regs(y, x):
-    """The row goes from DRAM to registers once (each of T threads holds N/T values, e.g. 512 threads x
-    8 at N = 4096), the exps are computed once and kept, and y is written from registers: exactly
-    2MN*4 bytes move. Predict close to copy bandwidth, limited by the shared-memory tree's 9 barriers.
-    This is also the simulator's version of rung 5. Rows longer than 1024*16 fall back to rung 3."""
+    """The row goes from DRAM to registers once (each of T threads holds N/T values: 256 threads x 16
+    at N = 4096, so 16 loads are in flight per thread), the exps are computed once and kept, and y is
+    written from registers: exactly 2MN*4 bytes move. Predict close to copy bandwidth, limited by the
+    shared-memory tree's 8 barriers. This is also the simulator's version of rung 5. Rows longer than
+    1024*32 fall back to rung 3."""
     _launch_regs(False, y, x)
 
 
-@register("softmax", "gpu", "regs_shfl", rung=5, ptx=[(kernel("regs", 512, 8, True), SIG)],
+@register("softmax", "gpu", "regs_shfl", rung=5, ptx=[(kernel("regs", 256, 16, True), SIG)],
           requires=needs_real_gpu)
 def softmax_regs_shfl(y, x):
     """Rung 4 with the (max, sum) reduction done by warp shuffles: two barriers per row instead of
