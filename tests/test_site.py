@@ -234,7 +234,9 @@ def test_make_lab_opens_markdown_notebooks_as_notebooks(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     token = secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), HOME=os.environ.get("HOME", str(tmp_path)))
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "user-settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"))
     lab_args = f"--no-browser --ip=127.0.0.1 --port={port} --IdentityProvider.token={token} --ServerApp.port_retries=0"
     proc = subprocess.Popen(["make", "-s", "lab", f"LAB_ARGS={lab_args}"], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
