@@ -39,15 +39,18 @@ from numba import float32, njit, prange
 from .. import device
 from ..device import ceil_div, cuda, needs_real_gpu
 from ..registry import define_op, register
-from .reductions import (FAST_MATH, ONE, ZERO, as_torch, block_sum2_shfl, block_sum2_smem, block_sum_shfl,
+from .reductions import (FAST_MATH, row_jit, ONE, ZERO, as_torch, next_pow2, block_sum2_shfl, block_sum2_smem, block_sum_shfl,
                          block_sum_smem, block_welford_smem, row_config, row_threads_streaming, torch_gpu,
                          warp_sum, warp_welford)
 
 EPS = 1e-5
 EPS32 = np.float32(EPS)
 THREADS = None  # block size of the register rungs (None: from the row length and PER_THREAD)
-PER_THREAD = {"ln": 16, "rms": 16}  # target values per thread in the register rungs (4096 -> 256 threads)
-ROWS = {"ln": 1, "rms": 1}  # rows per block in the real-GPU register rungs
+# Register-rung configuration, chosen by measurement (python -m kernels_src.viz_ch06_08 bench --explore
+# --autotune on the GPU of book/data/bench/; see explore_gpu.json there): LayerNorm is fastest with 32
+# values per thread (N = 4096: 128 threads), RMSNorm with 8 values per thread and 2 rows per block.
+PER_THREAD = {"ln": 32, "rms": 8}  # target values per thread in the register rungs
+ROWS = {"ln": 1, "rms": 2}  # rows per block in the real-GPU register rungs
 ROWS_IN_SIM = False  # tests set this to exercise ROWS > 1 in the simulator
 
 
@@ -288,7 +291,7 @@ def rmsnorm_bwd_loop(dx, dgamma, dy, x, rstd, gamma):
 
 # ------------------------------------------------------------------------------ GPU: streaming rung
 def make_ln_stream_kernel(threads):
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def layernorm_stream_kernel(y, mean, rstd, x, gamma, beta):
         # x (M,N) -> y (M,N), mean (M,), rstd (M,): block = row, threads stride over its columns
         buf = cuda.shared.array(threads, float32)
@@ -315,7 +318,7 @@ def make_ln_stream_kernel(threads):
 
 
 def make_rms_stream_kernel(threads):
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def rmsnorm_stream_kernel(y, rstd, x, gamma):
         buf = cuda.shared.array(threads, float32)
         row = cuda.blockIdx.x
@@ -343,7 +346,7 @@ def make_ln_regs_kernel(threads, items, shuffle, rows=1):
     nbuf = (32 if shuffle else threads) * rows
     nv = items * rows  # a compile-time constant, as cuda.local.array needs
 
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def layernorm_regs_kernel(y, mean, rstd, x, gamma, beta):
         bn = cuda.shared.array(nbuf, float32)
         bm = cuda.shared.array(nbuf, float32)
@@ -429,7 +432,7 @@ def make_rms_regs_kernel(threads, items, shuffle, rows=1):
     nbuf = (32 if shuffle else threads) * rows
     nv = items * rows
 
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def rmsnorm_regs_kernel(y, rstd, x, gamma):
         b1 = cuda.shared.array(nbuf, float32)
         tid = cuda.threadIdx.x
@@ -525,7 +528,7 @@ def layernorm_row_smem(y, mean, rstd, x, gamma, beta):
     kernel("ln_stream", t)[x.shape[0], t](y, mean, rstd, x, gamma, beta)
 
 
-@register("layernorm", "gpu", "regs", rung=2, ptx=[(kernel("ln_regs", 256, 16, False, 1), SIG_LN)])
+@register("layernorm", "gpu", "regs", rung=2, ptx=[(kernel("ln_regs", 128, 32, False, 1), SIG_LN)])
 def layernorm_regs(y, mean, rstd, x, gamma, beta):
     """The row is loaded into registers once (256 threads x 16 values at N = 4096); each thread reduces
     its 16 values to (count, mean, M2) and one Welford merge over the block gives mean and variance, so
@@ -534,7 +537,7 @@ def layernorm_regs(y, mean, rstd, x, gamma, beta):
     _regs_launch("ln_regs", "ln_stream", False, (y, mean, rstd), x, (gamma, beta))
 
 
-@register("layernorm", "gpu", "regs_shfl", rung=3, ptx=[(kernel("ln_regs", 256, 16, True, 1), SIG_LN), (kernel("ln_regs", 256, 16, True, 2), SIG_LN)],
+@register("layernorm", "gpu", "regs_shfl", rung=3, ptx=[(kernel("ln_regs", 128, 32, True, 1), SIG_LN)],
           requires=needs_real_gpu)
 def layernorm_regs_shfl(y, mean, rstd, x, gamma, beta):
     """Rung 2 with the Welford merge done by warp shuffles: one barrier per row instead of 8. Predict
@@ -549,13 +552,13 @@ def rmsnorm_row_smem(y, rstd, x, gamma):
     kernel("rms_stream", t)[x.shape[0], t](y, rstd, x, gamma)
 
 
-@register("rmsnorm", "gpu", "regs", rung=2, ptx=[(kernel("rms_regs", 256, 16, False, 1), SIG_RMS)])
+@register("rmsnorm", "gpu", "regs", rung=2, ptx=[(kernel("rms_regs", 512, 8, False, 1), SIG_RMS)])
 def rmsnorm_regs(y, rstd, x, gamma):
     """Row in registers, one shared-memory tree: x read once. The simulator's version of rung 3."""
     _regs_launch("rms_regs", "rms_stream", False, (y, rstd), x, (gamma,))
 
 
-@register("rmsnorm", "gpu", "regs_shfl", rung=3, ptx=[(kernel("rms_regs", 256, 16, True, 1), SIG_RMS), (kernel("rms_regs", 256, 16, True, 2), SIG_RMS)],
+@register("rmsnorm", "gpu", "regs_shfl", rung=3, ptx=[(kernel("rms_regs", 512, 8, True, 2), SIG_RMS)],
           requires=needs_real_gpu)
 def rmsnorm_regs_shfl(y, rstd, x, gamma):
     """Row in registers, warp-shuffle reduction: predict >= 85 % of copy bandwidth at 16384 x 4096."""
@@ -612,7 +615,7 @@ def eager_rmsnorm(x, gamma):
 def make_ln_bwd_kernel(threads, items, shuffle=False):
     nbuf = 32 if shuffle else threads
 
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def layernorm_bwd_kernel(dx, pg, pb, dy, x, mean, rstd, gamma):
         # dy, x (M,N), mean, rstd (M,), gamma (N,) -> dx (M,N); pg, pb (gridDim.x, N): this block's
         # partial dgamma, dbeta over the rows it handled (rows blockIdx.x, + gridDim.x, ...)
@@ -674,7 +677,7 @@ def make_ln_bwd_kernel(threads, items, shuffle=False):
 def make_rms_bwd_kernel(threads, items, shuffle=False):
     nbuf = 32 if shuffle else threads
 
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def rmsnorm_bwd_kernel(dx, pg, dy, x, rstd, gamma):
         b1 = cuda.shared.array(nbuf, float32)
         tid = cuda.threadIdx.x
@@ -756,10 +759,20 @@ def _partials(g, n, which):
 BWD_BLOCKS_PER_SM = {False: 2, True: 4}  # rung 1, rung 2
 
 
+BWD_MAX_THREADS = 256  # 4 register arrays per thread: more threads would not fit the register file
+BWD_MAX_ITEMS = 64
+
+
 def _bwd_config(m, n, shuffle):
-    cfg = row_config(n, None, 8)
+    if device.SIMULATED:
+        cfg = row_config(n)
+    else:
+        t = min(BWD_MAX_THREADS, max(32, next_pow2(ceil_div(n, 8))))
+        e = next_pow2(ceil_div(n, t))
+        cfg = (t, e) if e <= BWD_MAX_ITEMS else None
     if cfg is None:
-        raise NotImplementedError(f"the GPU norm backward keeps a row in registers: N <= {1024 * 32}, got {n}")
+        raise NotImplementedError(f"the GPU norm backward keeps a row in registers: N <= "
+                                  f"{BWD_MAX_THREADS * BWD_MAX_ITEMS}, got {n}")
     g = min(m, 4 if device.SIMULATED else BWD_BLOCKS_PER_SM[shuffle] * _num_sms())  # each owns every g-th row
     return cfg[0], cfg[1], g
 
@@ -791,7 +804,7 @@ def _rms_bwd(shuffle, dx, dgamma, dy, x, rstd, gamma):
 
 
 @register("layernorm_bwd", "gpu", "regs", rung=1,
-          ptx=[(_bwd_kernel("ln", 512, 8), SIG_LN_BWD), (column_sum_kernel, SIG_COLSUM)])
+          ptx=[(_bwd_kernel("ln", 256, 16), SIG_LN_BWD), (column_sum_kernel, SIG_COLSUM)])
 def layernorm_bwd_gpu(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
     """Kernel 1: 2 x SMs blocks, each taking every G-th row: one shared-memory tree for the two row sums
     gives dx, and each thread keeps its columns' partial dgamma, dbeta in registers across the rows,
@@ -803,7 +816,7 @@ def layernorm_bwd_gpu(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
 
 
 @register("layernorm_bwd", "gpu", "regs_shfl", rung=2, requires=needs_real_gpu,
-          ptx=[(_bwd_kernel("ln", 512, 8, True), SIG_LN_BWD), (column_sum_kernel, SIG_COLSUM)])
+          ptx=[(_bwd_kernel("ln", 256, 16, True), SIG_LN_BWD), (column_sum_kernel, SIG_COLSUM)])
 def layernorm_bwd_shfl(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
     """Rung 1 with warp shuffles for the row sums (two barriers per row instead of 9) and 4 blocks per
     SM instead of 2, so more rows are in flight: predict about twice rung 1's bandwidth."""
@@ -811,14 +824,14 @@ def layernorm_bwd_shfl(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
 
 
 @register("rmsnorm_bwd", "gpu", "regs", rung=1,
-          ptx=[(_bwd_kernel("rms", 512, 8), SIG_RMS_BWD), (column_sum_kernel, SIG_COLSUM)])
+          ptx=[(_bwd_kernel("rms", 256, 16), SIG_RMS_BWD), (column_sum_kernel, SIG_COLSUM)])
 def rmsnorm_bwd_gpu(dx, dgamma, dy, x, rstd, gamma):
     """Same structure as the LayerNorm backward, with one row sum instead of two and no dbeta."""
     _rms_bwd(False, dx, dgamma, dy, x, rstd, gamma)
 
 
 @register("rmsnorm_bwd", "gpu", "regs_shfl", rung=2, requires=needs_real_gpu,
-          ptx=[(_bwd_kernel("rms", 512, 8, True), SIG_RMS_BWD), (column_sum_kernel, SIG_COLSUM)])
+          ptx=[(_bwd_kernel("rms", 256, 16, True), SIG_RMS_BWD), (column_sum_kernel, SIG_COLSUM)])
 def rmsnorm_bwd_shfl(dx, dgamma, dy, x, rstd, gamma):
     """Warp-shuffle row sum and 4 blocks per SM."""
     _rms_bwd(True, dx, dgamma, dy, x, rstd, gamma)

@@ -37,6 +37,17 @@ ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 FULL_MASK = 0xFFFFFFFF
 EPS32 = float(np.finfo(np.float32).eps)
+FAST_MATH = {"contract", "afn", "arcp", "nsz", "reassoc"}  # fastmath without "ninf"/"nnan": -inf must survive
+
+
+def row_jit(threads: int, fast: bool = True):
+    """``cuda.jit`` for a kernel always launched with ``threads`` threads per block: fastmath (without
+    the no-inf/no-NaN assumptions) and, on a real GPU, launch bounds, so the compiler never uses more
+    registers per thread than ``threads`` threads can launch with (it spills instead of failing)."""
+    kw = {"fastmath": FAST_MATH} if fast else {}
+    if not device.SIMULATED:  # the simulator's jit has no launch_bounds
+        kw["launch_bounds"] = threads
+    return cuda.jit(**kw)
 
 
 # --------------------------------------------------------------------------------------- reference
@@ -393,7 +404,7 @@ def make_reduce_kernel(kind: str, threads: int, shuffle: bool):
     Launched with one block it reduces the whole vector; with many blocks it is pass 1 of two."""
     combine, identity, smem_reduce, shfl_reduce = _COMBINE[kind]
 
-    @cuda.jit
+    @row_jit(threads, fast=False)
     def reduce_kernel(out, x):
         # x (n,) -> out (gridDim.x,): one partial result per block
         buf = cuda.shared.array(threads, float32)
@@ -527,7 +538,6 @@ def summation_errors(ns, rng=None, trials: int = 3) -> dict:
 # holds E = ceil(N / T) elements in a cuda.local.array whose size is a compile-time constant (so the
 # compiler can unroll every loop over it and keep it in registers instead of local memory).
 ROW_MAX_ITEMS = 32  # more than 32 floats per thread starts to cost occupancy; longer rows stream instead
-FAST_MATH = {"contract", "afn", "arcp", "nsz", "reassoc"}  # fastmath without "ninf"/"nnan": -inf must survive
 
 
 def next_pow2(n: int) -> int:

@@ -36,7 +36,7 @@ from numba import float32, njit, prange
 
 from ..device import cuda, needs_real_gpu
 from ..registry import define_op, register
-from .reductions import (FAST_MATH, NEG_INF, ONE, ZERO, as_torch, block_max_smem, block_sum_smem, row_config,
+from .reductions import (FAST_MATH, row_jit, NEG_INF, ONE, ZERO, as_torch, block_max_smem, block_sum_smem, row_config,
                          row_threads_streaming, torch_gpu)
 
 THREADS = None  # block size of the register rungs (None: from the row length and PER_THREAD)
@@ -264,7 +264,7 @@ def block_online_shfl(m, s, wm, ws):
 
 # ------------------------------------------------------------------------- GPU: streaming rungs 1-3
 def make_naive_kernel(threads):
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def softmax_naive_kernel(y, x):
         # x (M,N) -> y (M,N): block = row, threads stride over its columns
         buf = cuda.shared.array(threads, float32)
@@ -282,7 +282,7 @@ def make_naive_kernel(threads):
 
 
 def make_safe_kernel(threads):
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def softmax_safe_kernel(y, x):
         buf = cuda.shared.array(threads, float32)
         row = cuda.blockIdx.x
@@ -305,7 +305,7 @@ def make_safe_kernel(threads):
 
 
 def make_online_kernel(threads):
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def softmax_online_kernel(y, x):
         bm = cuda.shared.array(threads, float32)
         bs = cuda.shared.array(threads, float32)
@@ -336,7 +336,7 @@ def make_regs_kernel(threads, items, shuffle):
     ``items`` and ``threads`` are compile-time constants, so the loops unroll and ``v`` lives in registers."""
     nbuf = 32 if shuffle else threads
 
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def softmax_regs_kernel(y, x):
         bm = cuda.shared.array(nbuf, float32)
         bs = cuda.shared.array(nbuf, float32)
@@ -471,7 +471,7 @@ def eager_torch(x):
 
 # ---------------------------------------------------------------------------------- GPU: backward
 def make_bwd_kernel(threads):
-    @cuda.jit(fastmath=FAST_MATH)
+    @row_jit(threads)
     def softmax_bwd_kernel(dx, dy, y):
         # dy, y (M,N) -> dx (M,N): block = row; pass 1 the dot <dy, y>, pass 2 the write
         buf = cuda.shared.array(threads, float32)
