@@ -29,7 +29,8 @@ def test_batch_grading_resumes_and_writes_everything(tmp_path):
     assert (s1["graded"], s1["skipped"], s1["total"]) == (4, 0, 4)
     rows = {r["submission"]: r for r in csv.DictReader(out.open())}
     assert set(rows) == {"wrong_math", "malformed", "carol", "dave"}
-    assert float(rows["wrong_math"]["score"]) == 7 and rows["wrong_math"]["q1"] == "0"
+    wm = json.loads((tmp_path / "gradebook_results" / "wrong_math" / "results.json").read_text())
+    assert float(rows["wrong_math"]["score"]) == 7 and rows["wrong_math"]["q1"] == "0", json.dumps(wm)[:3000]
     assert float(rows["malformed"]["score"]) == 0 and rows["malformed"]["status"] == "unreadable"
     assert float(rows["carol"]["score"]) == 0 and float(rows["dave"]["score"]) == 0
     results = tmp_path / "gradebook_results"
@@ -42,12 +43,11 @@ def test_batch_grading_resumes_and_writes_everything(tmp_path):
     s2 = grade_folder(subs, out, autograder=ag, jobs=2, run_otter=False, progress=False)
     assert (s2["graded"], s2["skipped"]) == (0, 4)  # resumed: nothing to do
 
-    corpus_submission("solution", tmp_path)
-    (subs / "wrong_math.ipynb").write_bytes((tmp_path / "solution.ipynb").read_bytes())  # a resubmission
+    (subs / "wrong_math.ipynb").write_bytes(stub.read_bytes())  # a resubmission: this file changed
     s3 = grade_folder(subs, out, autograder=ag, jobs=2, run_otter=False, progress=False)
     assert (s3["graded"], s3["skipped"]) == (1, 3)
     rows = {r["submission"]: r for r in csv.DictReader(out.open())}
-    assert float(rows["wrong_math"]["score"]) == 10
+    assert float(rows["wrong_math"]["score"]) == 0 and float(rows["dave"]["score"]) == 0
 
 
 def test_cli_grade_help_and_exercises_check():

@@ -2,7 +2,8 @@
 
 Most cases grade only the question they break (the others are the master's solution); the cases that
 attack the notebook run itself (os._exit at top level, patching numpy and the checker) also go through
-otter. Every case must produce a complete record: no exception escapes the grader.
+otter. Every case must produce a complete record: no exception escapes the grader. That the solutions
+score full marks is tested in test_grading_exercises.py (every exercise) and test_grading_gradescope.py.
 """
 import json
 
@@ -18,7 +19,7 @@ EXPECTED = json.loads((CORPUS / "ch01_axpy" / "expected.json").read_text())
 def test_every_corpus_file_has_an_expected_outcome():
     files = {p.stem for p in (CORPUS / "ch01_axpy").iterdir() if p.suffix in (".py", ".ipynb")}
     assert files <= set(EXPECTED), f"no expected outcome for {sorted(files - set(EXPECTED))}"
-    assert set(EXPECTED) - {"solution"} <= files
+    assert set(EXPECTED) <= files
 
 
 @pytest.mark.slow

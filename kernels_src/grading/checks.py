@@ -145,8 +145,10 @@ def _ptx_results(bundle: Bundle, items: list[dict], timeout: float) -> list[dict
         for it in todo:
             k = (bundle.sha, it["kernel"], it["signature"])
             if got is None:
+                tb = (res.payload.get("load_error") or {}).get("traceback", "") or res.payload.get("traceback", "")
                 entry = dict(it, ok=False, grader=True,
-                             message=res.message or "the PTX compiler process did not report a result")
+                             message=(res.message or "the PTX compiler process did not report a result")
+                             + (f"\n{tb}" if tb else ""))
                 if res.status == "load_error" and not infra:
                     entry["message"] = "loading your code with the real CUDA compiler failed: " + res.message
                     entry["grader"] = False

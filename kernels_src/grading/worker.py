@@ -559,6 +559,7 @@ def main(argv=None) -> None:
                 spec.loader.exec_module(mod)
         except BaseException as e:  # noqa: BLE001
             info = _exc_info(e, where)
+            info["traceback"] = traceback.format_exc()[-2500:]
             result.update(status="load_error", load_error=info,
                           message=(f"loading your code raised {info['type']}: {info['message']}"
                                    + (f"\n    at {info['where']}" if info["where"] else "")))
