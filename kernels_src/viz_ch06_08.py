@@ -546,3 +546,48 @@ def summary_table(results: list[dict], variants=None) -> str:
         lines.append(f"| {res['op']} | {b['size_label']} | `{b['variant']}` | {_fmt_time(b['median_s'])} | "
                      f"{b['gbps']:,.0f} | {100 * b.get('frac_copy_bw', float('nan')):.1f} % |")
     return "\n".join(lines)
+
+
+def available(ops, backend="gpu") -> list[dict]:
+    """The committed benchmark files that exist for ``ops`` (chapters show what has been measured)."""
+    from .plots import DATA, load_bench
+
+    return [load_bench(f"{o}_{backend}") for o in ops if (DATA / f"{o}_{backend}.json").exists()]
+
+
+def combined_table(results: list[dict], size=None) -> str:
+    """Markdown: every variant of every op at its largest size (or ``size``): time, GB/s, % of copy."""
+    from .plots import _fmt_time, largest_size, rows
+
+    lines = ["| op | size | variant | rung | median | GB/s | % of copy BW | vs baseline |",
+             "|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        s = tuple(size) if size is not None else largest_size(res)
+        for r in rows(res, s):
+            frac = r.get("frac_copy_bw")
+            lines.append(f"| {res['op']} | {r['size_label']} | `{r['variant']}` | "
+                         f"{'baseline' if r['baseline'] else r['rung']} | {_fmt_time(r['median_s'])} | "
+                         f"{r['gbps']:,.0f} | {100 * frac:.1f} % | "
+                         f"{(format(r['vs_baseline'], '.2f') + '×') if 'vs_baseline' in r else '–'} |")
+    return "\n".join(lines)
+
+
+def fusion_bars(result: dict, ax=None):
+    """Predicted (from bytes, at the unfused pair's measured bandwidth) and measured time of both rungs."""
+    f = fusion_summary(result)
+    ax = _ax(ax, (6, 3.5))
+    bw = f["gbps_unfused"] * 1e9  # bytes/s the unfused pair actually achieved
+    pred = [f["bytes_unfused"] / bw * 1e6, f["bytes_fused"] / bw * 1e6]
+    meas = [f["t_unfused"] * 1e6, f["t_fused"] * 1e6]
+    x = np.arange(2)
+    ax.bar(x - 0.2, pred, 0.4, color="0.75", label="predicted from bytes moved")
+    ax.bar(x + 0.2, meas, 0.4, color="C0", label="measured")
+    for i in range(2):
+        ax.annotate(f"{meas[i]:.0f} µs", (x[i] + 0.2, meas[i]), xytext=(0, 3), textcoords="offset points",
+                    ha="center", fontsize=8)
+    ax.set_xticks(x, ["unfused (2 kernels)", "fused (1 kernel)"])
+    ax.set_ylabel("µs")
+    ax.set_title(f"bias + GELU, {f['size'][0]} x {f['size'][1]} float32")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return ax
