@@ -591,3 +591,36 @@ def fusion_bars(result: dict, ax=None):
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     return ax
+
+
+def norm_edge_checks(seed: int = 1) -> str:
+    """Markdown table: every available norm variant on every edge case of norms.EDGE_CASES (pass/fail
+    and the worst error as a fraction of the allowed tolerance)."""
+    from . import parity
+    from .ops import norms
+    from .registry import get_op
+
+    lines = ["| op | variant | " + " | ".join(norms.EDGE_CASES) + " |", "|---|---|" + "---|" * len(norms.EDGE_CASES)]
+    for name in ("layernorm", "rmsnorm", "layernorm_bwd", "rmsnorm_bwd"):
+        op = get_op(name)
+        for v in op.variants:
+            if not v.available()[0]:
+                continue
+            cells = []
+            for case in norms.EDGE_CASES:
+                rng = np.random.default_rng(seed)
+                size = (5, 1) if case == "length-1 rows" else (6, 33)
+                inp = norms.edge_inputs(name, case, size, np.dtype("float32"), rng)
+                refs = parity.reference_outputs(op, inp)
+                outs = parity.run_variant(v, inp, parity.empty_outputs(refs, "float32"))
+                x = inp[0] if name in ("layernorm", "rmsnorm") else inp[1]
+                gamma = inp[1] if name == "layernorm" else inp[-1]
+                rt, at = norms.edge_tol(case, x, gamma)
+                reps = [parity.compare("o", g, r, rt, at) for g, r in zip(outs, refs)]
+                worst = 0.0
+                for g, r in zip(outs, refs):
+                    with np.errstate(invalid="ignore"):
+                        worst = max(worst, float(np.nanmax(np.abs(g - r) / (at + rt * np.abs(r)))))
+                cells.append(("ok" if all(r.ok for r in reps) else "**FAIL**") + f" ({worst:.2f})")
+            lines.append(f"| {name} | `{v.backend}/{v.name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n(in parentheses: the worst error as a fraction of the allowed error)"

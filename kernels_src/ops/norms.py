@@ -38,6 +38,7 @@ from numba import float32, njit, prange
 
 from .. import device
 from ..device import ceil_div, cuda, needs_real_gpu
+from ..grading.exercise_ops import EDGE_INPUTS
 from ..registry import define_op, register
 from .reductions import (FAST_MATH, row_jit, ONE, ZERO, as_torch, next_pow2, block_sum2_shfl, block_sum2_smem, block_sum_shfl,
                          block_sum_smem, block_welford_smem, row_config, row_threads_streaming, torch_gpu,
@@ -119,6 +120,94 @@ def rms_bwd_make_inputs(size, dtype, rng):
     _, rstd = rms_reference(x.astype(np.float64), gamma.astype(np.float64))
     dy = rng.standard_normal(x.shape).astype(dtype)
     return dy, x, rstd.astype(dtype), gamma
+
+
+# ------------------------------------------------------------------------------------- edge inputs
+EDGE_CASES = ("zero rows", "constant rows", "small variance", "huge magnitude", "length-1 rows")
+
+
+def edge_x(case, size, dtype, rng):
+    """x for one edge case: rows of zeros (variance 0: y = beta, rstd = 1/sqrt(eps)), constant rows
+    (variance 0 again, any value), rows of spread 1e-3 (variance 1e-6 < eps: eps decides rstd), rows of
+    magnitude 1e15 (squares 1e30, still finite in float32), or rows of length 1 (N is ignored)."""
+    m, n = size
+    if case == "zero rows":
+        x = np.zeros((m, n))
+    elif case == "constant rows":
+        x = np.repeat(rng.uniform(-3, 3, (m, 1)), n, axis=1)
+    elif case == "small variance":
+        x = 1e-3 * rng.standard_normal((m, n))
+    elif case == "huge magnitude":
+        x = 1e15 * (3 + rng.standard_normal((m, n)))
+    elif case == "length-1 rows":
+        x = rng.standard_normal((m, 1))
+    else:
+        raise ValueError(case)
+    return x.astype(dtype)
+
+
+def edge_tol(case, x, gamma):
+    """On a constant row the exact mean is the row's value, but a float32 mean can be off by an ulp or
+    two, and that error is multiplied by rstd = 1/sqrt(eps) ~ 316 in y. Allow for it there; every other
+    case uses the op's normal tolerance."""
+    if case == "constant rows":
+        amp = 1.0 / math.sqrt(EPS)
+        return (1e-5, 1e-5 + amp * 4 * float(np.finfo(np.float32).eps) * float(np.max(np.abs(x))) *
+                float(np.max(np.abs(gamma))))
+    return (1e-5, 1e-5)
+
+
+def edge_inputs(op_name, case, size, dtype, rng):
+    """Inputs of ``op_name`` whose x is :func:`edge_x`'s."""
+    x = edge_x(case, size, dtype, rng)
+    n = x.shape[1]
+    gamma = (1 + 0.1 * rng.standard_normal(n)).astype(dtype)
+    if op_name == "layernorm":
+        return x, gamma, (0.1 * rng.standard_normal(n)).astype(dtype)
+    if op_name == "rmsnorm":
+        return x, gamma
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    if op_name == "layernorm_bwd":
+        _, mean, rstd = ln_reference(x.astype(np.float64), gamma.astype(np.float64), 0.0)
+        return dy, x, mean.astype(dtype), rstd.astype(dtype), gamma
+    if op_name == "rmsnorm_bwd":
+        _, rstd = rms_reference(x.astype(np.float64), gamma.astype(np.float64))
+        return dy, x, rstd.astype(dtype), gamma
+    raise ValueError(op_name)
+
+
+def _mixed_edges(op_name):
+    """For the grader (edge=True): rows cycling through zeros, spread 1e-3, magnitude 1e15 and ordinary
+    rows, all in one input (the cases whose float32 answers are exact enough for the op's tolerance)."""
+    def make(size, dtype, rng):
+        m, n = size
+        inputs = list(edge_inputs(op_name, "zero rows", size, dtype, rng))
+        xi = 0 if op_name in ("layernorm", "rmsnorm") else 1
+        x = _x(size, np.float64, rng)
+        for i in range(m):
+            k = i % 4
+            if k == 0:
+                x[i] = 0.0
+            elif k == 1:
+                x[i] = 1e-3 * rng.standard_normal(n)
+            elif k == 2:
+                x[i] = 1e15 * (3 + rng.standard_normal(n))
+        x = x.astype(dtype)
+        inputs[xi] = x
+        gamma = inputs[-1] if op_name != "layernorm" else inputs[1]
+        if op_name == "layernorm_bwd":
+            _, mean, rstd = ln_reference(x.astype(np.float64), gamma.astype(np.float64), 0.0)
+            inputs[2], inputs[3] = mean.astype(dtype), rstd.astype(dtype)
+        elif op_name == "rmsnorm_bwd":
+            _, rstd = rms_reference(x.astype(np.float64), gamma.astype(np.float64))
+            inputs[2] = rstd.astype(dtype)
+        return tuple(inputs)
+
+    return make
+
+
+for _op in ("layernorm", "rmsnorm", "layernorm_bwd", "rmsnorm_bwd"):
+    EDGE_INPUTS[_op] = _mixed_edges(_op)
 
 
 def fwd_tol(size, dtype):

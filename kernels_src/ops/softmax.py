@@ -35,6 +35,7 @@ import numpy as np
 from numba import float32, njit, prange
 
 from ..device import cuda, needs_real_gpu
+from ..grading.exercise_ops import EDGE_INPUTS
 from ..registry import define_op, register
 from .reductions import (FAST_MATH, row_jit, NEG_INF, ONE, ZERO, as_torch, block_max_smem, block_sum_smem, row_config,
                          row_threads_streaming, torch_gpu)
@@ -59,6 +60,27 @@ def make_inputs(size, dtype, rng):
     x = (2.0 * rng.standard_normal((m, n))).astype(dtype)
     x[1::4, 1::3] = -np.inf
     return (x,)
+
+
+def make_edge_inputs(size, dtype, rng):
+    """The rows a softmax must survive, cycling: logits of +-1e4 (exp overflows unless the max is
+    subtracted), a fully masked row (all -inf: the reference's zeros), a row mixing -inf with logits of
+    1e4, and an ordinary row. The naive rung fails these by design; every other rung must pass."""
+    m, n = size
+    x = 2.0 * rng.standard_normal((m, n))
+    for i in range(m):
+        k = i % 4
+        if k == 0:
+            x[i] = 1e4 * np.sign(rng.standard_normal(n))
+        elif k == 1:
+            x[i] = -np.inf
+        elif k == 2:
+            x[i] = 1e4 + rng.standard_normal(n)
+            x[i, rng.random(n) < 0.5] = -np.inf
+    return (x.astype(dtype),)
+
+
+EDGE_INPUTS["softmax"] = make_edge_inputs
 
 
 def reference_bwd(dy, y):
