@@ -39,6 +39,7 @@ from numba import float32, njit, vectorize
 
 from .. import device
 from ..device import ceil_div, cuda
+from ..grading.exercise_ops import EDGE_INPUTS, _sprinkle
 from ..registry import define_op, register
 
 F0 = np.float32(0.0)
@@ -80,13 +81,15 @@ def gelu_bwd_ref(dy, x):
 
 
 def gelu_tanh_ref(x):
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    with np.errstate(invalid="ignore", over="ignore"):  # x = -inf gives -inf * 0 = NaN, as it should
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
 def gelu_tanh_bwd_ref(dy, x):
     k = np.sqrt(2.0 / np.pi)
-    t = np.tanh(k * (x + 0.044715 * x ** 3))
-    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * x * x))
+    with np.errstate(invalid="ignore", over="ignore"):
+        t = np.tanh(k * (x + 0.044715 * x ** 3))
+        return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * x * x))
 
 
 def _sigmoid(x):
@@ -483,6 +486,18 @@ def swiglu_bwd_ilp4(dg, du, dy, g, u):
 
 
 # ------------------------------------------------------------------------ the fusion lesson: bias+GELU
+# Edge values for the graders (edge=True): zeros, a signed zero, far tails (|x| = 20: exp(-2u) overflows
+# to inf in float32 and x / inf must come out as -0), NaN and infinities. |x| stays <= 20 because the
+# CUDA simulator evaluates exp in Python, where exp(>709) raises instead of returning inf.
+_EDGE_VALUES = [0.0, -0.0, -20.0, 20.0, -12.5, 9.0, np.nan, np.inf, -np.inf, 1e-30]
+
+
+def _gelu_tanh_bwd_edges(size, dtype, rng):
+    dy, x = make_inputs_2(size, dtype, rng)
+    _sprinkle(x, rng, _EDGE_VALUES[:6])
+    return dy, x
+
+
 def bias_gelu_make_inputs(size, dtype, rng):
     m, n = size
     return rng.standard_normal((m, n)).astype(dtype), rng.standard_normal(n).astype(dtype)
@@ -508,6 +523,15 @@ define_op("bias_gelu", reference=bias_gelu_ref, make_inputs=bias_gelu_make_input
                  "bench_gpu": [(16384, 4096)],
                  "bench_sim": [(5, 33)]},
           flops=lambda s: 10 * s[0] * s[1], bytes=bias_gelu_bytes_fused)
+
+def _bias_gelu_edges(size, dtype, rng):
+    x, b = bias_gelu_make_inputs(size, dtype, rng)
+    _sprinkle(x, rng, _EDGE_VALUES)
+    return x, b
+
+
+EDGE_INPUTS["gelu_tanh_bwd"] = _gelu_tanh_bwd_edges
+EDGE_INPUTS["bias_gelu"] = _bias_gelu_edges
 
 _gelu_tanh_cpu = _cpu(gelu_tanh_s)
 _gelu_tanh_dev = _dev(gelu_tanh_s)
