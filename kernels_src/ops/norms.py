@@ -18,14 +18,17 @@ Ladder (forward; RMSNorm has the same rungs)
   cpu/loop        rung 1   @njit, row by row: mean, then variance around it (two passes), then write
   cpu/prange      rung 2   rows split over cores
   gpu/row_smem    rung 1   one block per row, threads stride over it, shared-memory trees; x read 3x
-  gpu/regs        rung 2   the row held in registers: x read once from DRAM (simulator path)
-  gpu/regs_shfl   rung 3   rung 2 with warp-shuffle reductions (real GPU only)
+  gpu/regs        rung 2   the row held in registers, one Welford merge: x read once (simulator path)
+  gpu/regs_shfl   rung 3   rung 2 with warp-shuffle reductions, optionally several rows per block (real
+                           GPU only); values per thread and rows per block were chosen by measurement
+                           (PER_THREAD, ROWS below; book/data/bench/rowwise_explore_gpu.json)
   gpu/torch       baseline torch.native_layer_norm / rms_norm, then copied into our buffers; the
                            same-run torch-eager timing without the copy is in chapter 7's benchmark
 Backward
   cpu/loop        rung 1   row by row, dgamma/dbeta accumulated across rows
   gpu/regs        rung 1   kernel 1: blocks own groups of rows, compute dx and keep per-column partial
                            dgamma/dbeta in registers; kernel 2: sums the partials over the blocks
+  gpu/regs_shfl   rung 2   rung 1 with warp-shuffle row sums and twice the blocks per SM (real GPU only)
 
 Precision: variance is computed around the mean (two passes over values already in registers), never
 as E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std. float32 kernels still overflow
@@ -619,10 +622,10 @@ def layernorm_row_smem(y, mean, rstd, x, gamma, beta):
 
 @register("layernorm", "gpu", "regs", rung=2, ptx=[(kernel("ln_regs", 128, 32, False, 1), SIG_LN)])
 def layernorm_regs(y, mean, rstd, x, gamma, beta):
-    """The row is loaded into registers once (256 threads x 16 values at N = 4096); each thread reduces
-    its 16 values to (count, mean, M2) and one Welford merge over the block gives mean and variance, so
-    DRAM sees x once and y once. The merge is a shared-memory tree of 8 barriers: predict ~80 % of copy
-    bandwidth. This is also the simulator's version of rung 3."""
+    """The row is loaded into registers once (128 threads x 32 values at N = 4096, the measured best);
+    each thread reduces its values to (count, mean, M2) and one Welford merge over the block gives mean
+    and variance, so DRAM sees x once and y once. The merge is a shared-memory tree of 7 barriers:
+    predict ~80 % of copy bandwidth. This is also the simulator's version of rung 3."""
     _regs_launch("ln_regs", "ln_stream", False, (y, mean, rstd), x, (gamma, beta))
 
 
@@ -650,7 +653,9 @@ def rmsnorm_regs(y, rstd, x, gamma):
 @register("rmsnorm", "gpu", "regs_shfl", rung=3, ptx=[(kernel("rms_regs", 512, 8, True, 2), SIG_RMS)],
           requires=needs_real_gpu)
 def rmsnorm_regs_shfl(y, rstd, x, gamma):
-    """Row in registers, warp-shuffle reduction: predict >= 85 % of copy bandwidth at 16384 x 4096."""
+    """Row in registers, warp-shuffle reduction, and two rows per block (512 threads x 8 values each at
+    N = 4096, the measured best): each gamma value loaded serves two rows. Predict >= 85 % of copy
+    bandwidth at 16384 x 4096."""
     _regs_launch("rms_regs", "rms_stream", True, (y, rstd), x, (gamma,))
 
 
