@@ -48,7 +48,10 @@ def compile_one(kernel, signature, cc=CC) -> str:
     if device.MODE != "ptx" and device.SIMULATED:
         raise RuntimeError("PTX compilation needs the real numba.cuda: run it with KERNELS_DEVICE=ptx "
                            "(`python -m kernels_src ptx` does this for you)")
-    ptx, _ = device.cuda.compile_ptx(py_func(kernel), signature, cc=cc)
+    opts = getattr(kernel, "targetoptions", {}) or {}
+    # Compile what really runs: the kernel's own fastmath flags and launch bounds, not the defaults.
+    kwargs = {k: opts[k] for k in ("fastmath", "launch_bounds", "lineinfo") if opts.get(k)}
+    ptx, _ = device.cuda.compile_ptx(py_func(kernel), signature, cc=cc, **kwargs)
     return ptx
 
 
