@@ -209,6 +209,11 @@ def test_page(page, site_url, browser):
             if why:
                 problems.append(f"broken internal link: {why}")
 
+        # Grow the viewport to the whole page first: the theme's sticky sidebars are as tall as the
+        # viewport, so a plain full-page capture cuts them off after the first screen.
+        height = p.evaluate("document.documentElement.scrollHeight")
+        p.set_viewport_size({"width": 1280, "height": max(900, min(height, 30_000))})
+        p.wait_for_timeout(100)
         SHOTS.mkdir(parents=True, exist_ok=True)
         p.screenshot(path=str(SHOTS / (page.replace("/", "__").removesuffix(".html") + ".png")), full_page=True)
     finally:
