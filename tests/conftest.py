@@ -18,18 +18,27 @@ MIN_TESTS_FULL_RUN = 50
 
 
 def pytest_sessionfinish(session, exitstatus):
-    full_run = not session.config.args or [Path(a).resolve() for a in session.config.args] == [ROOT / "tests"]
     if hasattr(session.config, "workerinput"):  # xdist worker: the controller decides
         return
-    if full_run and session.testscollected < MIN_TESTS_FULL_RUN and not session.config.option.keyword \
-            and not session.config.option.markexpr:
+    if _is_full_run(session.config) and session.testscollected < MIN_TESTS_FULL_RUN:
         print(f"\nERROR: only {session.testscollected} tests were collected (expected at least "
               f"{MIN_TESTS_FULL_RUN}); refusing to pass.", file=sys.stderr)
         session.exitstatus = 1
 
 
+def _is_full_run(config) -> bool:
+    args = [Path(a).resolve() for a in config.args]
+    return (not args or args == [ROOT / "tests"]) and not config.option.keyword and not config.option.markexpr
+
+
 def pytest_collection_modifyitems(config, items):
     import kernels_src
+
+    if _is_full_run(config):  # a test file that silently collects nothing is a broken test file
+        files = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+        seen = {Path(str(item.fspath)).name for item in items}
+        if files - seen:
+            raise pytest.UsageError(f"these test files collected no tests: {sorted(files - seen)}")
 
     if kernels_src.device.MODE != "gpu":
         skip = pytest.mark.skip(reason=f"needs a real GPU ({kernels_src.device.REASON})")
