@@ -13,7 +13,7 @@ from kernels_src.registry import Variant, get_op
     ("gemv/gpu/splitk_grid", (1537, 33)),   # 4 K chunks of 512 (the last partial), 2 column blocks
     ("gemv/gpu/splitk", (100, 65)),        # 3 column blocks, K not a multiple of 16 slices
     ("gemv_wx/gpu/block_per_row", (700, 3)),  # K > 256 threads: each thread sums 2-3 terms
-    ("gemv/cpu/prange", (5, 2100)),        # 3 column strips of 1024
+    ("gemv/cpu/prange", (7, 2100)),        # K = 7 rows shared by the threads, private copies of y
     ("gemv_wx/cpu/prange", (9, 130)),      # 3 row blocks of 64
 ])
 def test_rungs_across_blocks(key, size):
