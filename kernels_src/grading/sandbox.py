@@ -49,6 +49,11 @@ class SandboxResult:
 def apply_limits(limits: dict) -> None:
     """Called by the worker on itself, first thing, before any student code is imported."""
     import resource
+    import threading
+
+    # The simulator runs one Python thread per CUDA thread. With the default 8 MiB stacks, a block of
+    # 256 threads reserves 2 GiB of address space and hits RLIMIT_AS ("can't start new thread").
+    threading.stack_size(2 << 20)
 
     for name, val in limits.items():
         lim = getattr(resource, name)
