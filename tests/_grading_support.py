@@ -40,3 +40,12 @@ def corpus_submission(name: str, dest: Path, slug: str = "ch01_axpy") -> Path:
 def outputs_by_question(results: dict) -> dict:
     """{question: its output text} from a Gradescope results dict."""
     return {t["name"]: t.get("output", "") for t in results.get("tests", []) if "max_score" in t}
+
+
+def grade_answers(slug: str, answers: dict, tmp_path: Path, questions=None):
+    """Grade a submission made of ``answers`` (question -> code) to exercise ``slug`` (no otter run)."""
+    from kernels_src.grading import corpus
+    from kernels_src.grading.submission import grade_submission
+
+    nb = corpus.write_ipynb(corpus.build_submission(slug, answers), Path(tmp_path) / f"{slug}.ipynb")
+    return grade_submission(nb, autograder(slug), jobs=2, run_otter=False, questions=questions)

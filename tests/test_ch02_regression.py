@@ -116,12 +116,9 @@ SLUG = "ch02_regression"
 
 
 def _grade(answers, tmp_path, questions=None):
-    from _grading_support import generated
-    from kernels_src.grading import corpus
-    from kernels_src.grading.submission import grade_submission
+    from _grading_support import grade_answers
 
-    nb = corpus.write_ipynb(corpus.build_submission(SLUG, answers), tmp_path / f"{SLUG}.ipynb")
-    return grade_submission(nb, generated(SLUG) / "build" / SLUG, jobs=2, run_otter=False, questions=questions)
+    return grade_answers(SLUG, answers, tmp_path, questions)
 
 
 @pytest.mark.slow

@@ -139,12 +139,9 @@ SLUG = "ch03_linear_backward"
 
 
 def _grade(answers, tmp_path, questions=None):
-    from _grading_support import generated
-    from kernels_src.grading import corpus
-    from kernels_src.grading.submission import grade_submission
+    from _grading_support import grade_answers
 
-    nb = corpus.write_ipynb(corpus.build_submission(SLUG, answers), tmp_path / f"{SLUG}.ipynb")
-    return grade_submission(nb, generated(SLUG) / "build" / SLUG, jobs=2, run_otter=False, questions=questions)
+    return grade_answers(SLUG, answers, tmp_path, questions)
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ from .. import device
 from ..device import ceil_div, cuda, needs_real_gpu
 from ..grading.exercise_ops import EDGE_INPUTS
 from ..registry import define_op, register
-from .reductions import (FAST_MATH, row_jit, ONE, ZERO, as_torch, next_pow2, block_sum2_shfl, block_sum2_smem, block_sum_shfl,
+from .reductions import (FAST_MATH, row_jit, ONE, ZERO, torch_view, next_pow2, block_sum2_shfl, block_sum2_smem, block_sum_shfl,
                          block_sum_smem, block_welford_smem, row_config, row_threads_streaming, torch_gpu,
                          warp_sum, warp_welford)
 
@@ -659,27 +659,16 @@ def rmsnorm_regs_shfl(y, rstd, x, gamma):
     _regs_launch("rms_regs", "rms_stream", True, (y, rstd), x, (gamma,))
 
 
-# torch baselines (real GPU with torch): zero-copy views of our device arrays, cached across calls
-_views: dict = {}
-
-
-def _tv(a):
-    hit = _views.get(id(a))
-    if hit is None or hit[0] is not a:
-        hit = _views[id(a)] = (a, as_torch(a))
-    return hit[1]
-
-
 @register("layernorm", "gpu", "torch", baseline=True, requires=torch_gpu)
 def layernorm_torch(y, mean, rstd, x, gamma, beta):
     """torch.native_layer_norm, then copied into our y, mean, rstd (torch has no out= for it). The
     copy costs about as much as the norm itself; the fair torch time is `eager_layernorm`'s."""
     import torch
 
-    yt, mt, rt = torch.native_layer_norm(_tv(x), (x.shape[1],), _tv(gamma), _tv(beta), EPS)
-    _tv(y).copy_(yt)
-    _tv(mean).copy_(mt.view(-1))
-    _tv(rstd).copy_(rt.view(-1))
+    yt, mt, rt = torch.native_layer_norm(torch_view(x), (x.shape[1],), torch_view(gamma), torch_view(beta), EPS)
+    torch_view(y).copy_(yt)
+    torch_view(mean).copy_(mt.view(-1))
+    torch_view(rstd).copy_(rt.view(-1))
 
 
 @register("rmsnorm", "gpu", "torch", baseline=True, requires=torch_gpu)
@@ -687,9 +676,9 @@ def rmsnorm_torch(y, rstd, x, gamma):
     """torch.nn.functional.rms_norm, copied into our y; rstd computed with two more torch ops."""
     import torch
 
-    xt = _tv(x)
-    _tv(y).copy_(torch.nn.functional.rms_norm(xt, (x.shape[1],), _tv(gamma), EPS))
-    _tv(rstd).copy_(torch.rsqrt(xt.pow(2).mean(-1) + EPS))
+    xt = torch_view(x)
+    torch_view(y).copy_(torch.nn.functional.rms_norm(xt, (x.shape[1],), torch_view(gamma), EPS))
+    torch_view(rstd).copy_(torch.rsqrt(xt.pow(2).mean(-1) + EPS))
 
 
 def eager_layernorm(x, gamma, beta):

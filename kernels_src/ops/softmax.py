@@ -37,7 +37,7 @@ from numba import float32, njit, prange
 from ..device import cuda, needs_real_gpu
 from ..grading.exercise_ops import EDGE_INPUTS
 from ..registry import define_op, register
-from .reductions import (FAST_MATH, row_jit, NEG_INF, ONE, ZERO, as_torch, block_max_smem, block_sum_smem, row_config,
+from .reductions import (FAST_MATH, row_jit, NEG_INF, ONE, ZERO, torch_view, block_max_smem, block_sum_smem, row_config,
                          row_threads_streaming, torch_gpu)
 
 THREADS = None  # block size of the register rungs (None: from the row length and PER_THREAD)
@@ -465,23 +465,12 @@ def softmax_regs_shfl(y, x):
     _launch_regs(True, y, x)
 
 
-# torch interop: cache the zero-copy views so a timed call does not pay to build them
-_views: dict = {}
-
-
-def _tv(a):
-    hit = _views.get(id(a))
-    if hit is None or hit[0] is not a:
-        hit = _views[id(a)] = (a, as_torch(a))
-    return hit[1]
-
-
 @register("softmax", "gpu", "torch", baseline=True, requires=torch_gpu)
 def softmax_torch(y, x):
     """torch's CUDA softmax (aten._softmax with out=), writing directly into y."""
     import torch
 
-    torch.ops.aten._softmax.out(_tv(x), -1, False, out=_tv(y))
+    torch.ops.aten._softmax.out(torch_view(x), -1, False, out=torch_view(y))
 
 
 def eager_torch(x):
