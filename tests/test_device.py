@@ -81,3 +81,43 @@ def test_numba_core_imported_first_still_switches(run_python):
                    "print(k.device.MODE, bool(config.ENABLE_CUDASIM))", {"KERNELS_DEVICE": "sim"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["sim", "True"]
+
+
+def test_simulated_shared_arrays_are_one_per_block_even_under_contention():
+    """numba's simulator creates a block's shared array on first use without a lock, so threads arriving
+    together could get different arrays (seen as rare garbage sums). kernels_src makes it atomic."""
+    import sys
+    import threading
+
+    import numpy as np
+
+    from kernels_src import device
+
+    if not device.SIMULATED:
+        pytest.skip("only the simulator has this problem")
+    from numba.cuda.simulator import kernelapi
+
+    fixed = kernelapi.FakeCUDAShared.array
+
+    def distinct_arrays(array_fn, n=64):
+        shared = kernelapi.FakeCUDAShared(0)
+        got, gate = [None] * n, threading.Barrier(n)
+
+        def work(i):
+            gate.wait()
+            got[i] = array_fn(shared, (4,), np.float32)
+
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return len({id(g) for g in got})
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        assert all(distinct_arrays(fixed) == 1 for _ in range(30))
+    finally:
+        sys.setswitchinterval(old)
+    assert fixed.simulator_original is not fixed

@@ -42,6 +42,7 @@ import numpy as np
 
 from .. import device
 
+_alloc_lock = threading.Lock()
 MAX_REPORTED = 5  # distinct races (by array, kind and source lines) kept per launch
 
 
@@ -412,19 +413,21 @@ def instrumented(track_races: bool = True):
             name, base = "dynamic shared memory", ("dyn", id(self))
         else:
             key = (file, line)
-            raw = self._allocations.get(key)
-            if raw is None:
-                raw = self._allocations[key] = np.empty(shape, dtype)
+            with _alloc_lock:  # threads of a block race to create the array: one must win for all
+                raw = self._allocations.get(key)
+                if raw is None:
+                    raw = self._allocations[key] = np.empty(shape, dtype)
             m = _NAME_RE.match(_line_text(file, line))
             name, base = (m.group(1) if m else f"shared array of line {line}"), ("static", id(raw))
         tracker = session.current
         if tracker is None or not session.track_races:
             return raw
-        proxy = allocs.get(key)
-        if proxy is None:
-            ids = (np.arange(raw.size, dtype=np.int64) * raw.itemsize).reshape(raw.shape)
-            _BASE_SHAPES[base] = raw.shape
-            proxy = allocs[key] = TrackedArray(raw, ids, name, tracker, base)
+        with _alloc_lock:
+            proxy = allocs.get(key)
+            if proxy is None:
+                ids = (np.arange(raw.size, dtype=np.int64) * raw.itemsize).reshape(raw.shape)
+                _BASE_SHAPES[base] = raw.shape
+                proxy = allocs[key] = TrackedArray(raw, ids, name, tracker, base)
         return proxy
 
     def make_atomic(fn):
