@@ -77,3 +77,14 @@ def test_solution_scores_full_marks(slug, tmp_path):
     rec = grade_submission(nb, generated(slug) / "build" / slug, jobs=2, run_otter=False)
     assert rec.possible > 0
     assert rec.score == rec.possible, "\n".join(t.get("output", "") for t in rec.results["tests"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slug", SLUGS)
+def test_untouched_stubs_score_zero_with_a_clear_message(slug, tmp_path):
+    from _grading_support import grade_answers
+
+    rec = grade_answers(slug, {"stub": ""}, tmp_path)
+    assert rec.possible > 0 and rec.score == 0
+    out = "\n".join(t.get("output", "") for t in rec.results["tests"])
+    assert "still the stub" in out
