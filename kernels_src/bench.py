@@ -240,7 +240,8 @@ def bench(op_name: str, backend: str = "cpu", *, variants=None, sizes=None, dtyp
     for size, v in it:
         ok, why = v.available()
         if not ok:
-            result["rows"].append({"variant": v.name, "size": list(size), "skipped": why})
+            result["rows"].append({"variant": v.name, "size": list(size), "size_label": op.size_label(size),
+                                   "skipped": why})
             continue
         if size not in prepared:
             prepared.clear()
@@ -295,11 +296,11 @@ def format_table(result: dict) -> str:
     rows = []
     for r in result["rows"]:
         if "skipped" in r:
-            rows.append([op_size(r), "", r["variant"], "skipped: " + r["skipped"], "", "", "", ""])
+            rows.append([r["size_label"], "", r["variant"], "skipped: " + r["skipped"], "", "", "", ""])
             continue
         frac = r.get("frac_copy_bw") if memory else r.get("frac_compute_peak")
         rows.append([r["size_label"], "base" if r["baseline"] else str(r["rung"]), r["variant"],
-                     _fmt_time(r["median_s"]), f"{r['gflops']:.2f}", f"{r['gbps']:.2f}",
+                     fmt_time(r["median_s"]), f"{r['gflops']:.2f}", f"{r['gbps']:.2f}",
                      f"{100 * frac:.1f}%" if frac is not None else "-",
                      f"{r['vs_baseline']:.2f}x" if "vs_baseline" in r else "-"])
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)] if rows else [len(c) for c in cols]
@@ -309,12 +310,9 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def op_size(r) -> str:
-    return "x".join(map(str, r["size"]))
-
-
-def _fmt_time(s: float) -> str:
-    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+def fmt_time(s: float, micro: str = "us") -> str:
+    """Seconds as a short human string: 3.62 us, 1.2 ms, ... (``micro="µs"`` for the book)."""
+    for unit, scale in (("s", 1), ("ms", 1e-3), (micro, 1e-6)):
         if s >= scale:
             return f"{s / scale:.3g} {unit}"
     return f"{s / 1e-9:.3g} ns"

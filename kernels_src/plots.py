@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import load_json
+from .bench import fmt_time, load_json
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "book" / "data" / "bench"
@@ -77,10 +77,7 @@ def show_table(result: dict, **kw) -> None:
 
 
 def _fmt_time(s: float) -> str:
-    for unit, scale in (("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s / 1e-9:.3g} ns"
+    return fmt_time(s, micro="µs")
 
 
 def scaling(result: dict, ax=None, metric: str = "gbps", title: str | None = None):
