@@ -86,47 +86,10 @@ from numba import cuda  # noqa: E402  (must follow the selection above)
 
 
 
-def _make_simulated_shared_arrays_thread_safe() -> None:
-    """Fix a race in the simulator itself. Its ``cuda.shared.array`` looks the array up by call site and
-    creates it if missing, without a lock: two threads of a block that get there at the same time can
-    each create their own array and never see each other's writes (the result is garbage, rarely, and
-    more often under load or with a short switch interval). Same lookup, made atomic."""
-    import threading
+if SIMULATED:  # make the simulator behave like a GPU where it differs (kernels_src/simulator.py)
+    from . import simulator as _simulator
 
-    from numba.cuda.simulator import kernelapi
-
-    if getattr(kernelapi.FakeCUDAShared.array, "_atomic", False):
-        return
-    simulator_array = kernelapi.FakeCUDAShared.array
-    lock = threading.Lock()
-
-    def array(self, shape, dtype, alignment=None):
-        if shape == 0:  # dynamic shared memory: one buffer, no lookup to race on
-            return simulator_array(self, shape, dtype, alignment)
-        if alignment is not None:
-            raise RuntimeError("Array alignment is not supported in cudasim")
-        from numba.cuda import types as nb_types
-        from numba.cuda.np import numpy_support
-
-        if isinstance(dtype, nb_types.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        caller = sys._getframe(1)
-        key = (caller.f_code.co_filename, caller.f_lineno)
-        with lock:
-            res = self._allocations.get(key)
-            if res is None:
-                import numpy as np
-
-                res = self._allocations[key] = np.empty(shape, dtype)
-        return res
-
-    array._atomic = True
-    array.simulator_original = simulator_array
-    kernelapi.FakeCUDAShared.array = array
-
-
-if SIMULATED:
-    _make_simulated_shared_arrays_thread_safe()
+    _simulator.install()
 
 if MODE == "gpu":  # small check sizes launch tiny grids on purpose; numba warns about each one
     import warnings

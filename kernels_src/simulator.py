@@ -1,0 +1,196 @@
+"""Fixes to numba's CUDA simulator, so that simulated kernels behave like kernels on a GPU.
+
+The simulator runs each CUDA thread as a Python thread, calling the kernel's own Python code. Two things in
+that differ from a GPU in ways that fail correct code, and both are fixed here, once, for every user of the
+simulator (the course's tests, ``kernels check``, the notebooks and the autograder):
+
+1. **Math follows CUDA's rules, not Python's.** Python's ``math`` raises where CUDA's math library returns
+   an IEEE value: ``math.exp(710.0)`` raises OverflowError (CUDA: ``inf``), ``math.log(0.0)`` raises
+   ValueError (CUDA: ``-inf``), ``math.sqrt(-1.0)`` raises (CUDA: ``nan``), ``math.cos(inf)`` raises (CUDA:
+   ``nan``). A kernel such as ``x / (1 + exp(-2u))`` is right on the GPU for every ``u``, yet fails in the
+   simulator for ``u < -354``. While a simulated kernel (or device function) runs, its module's ``math``
+   (and any function imported from ``math`` by name) is replaced by :data:`CUDA_MATH`, which computes the
+   same thing and, where Python would raise, returns what CUDA returns: ``±inf``, ``0`` or ``nan``.
+2. **Shared arrays are created atomically.** ``cuda.shared.array`` looks the array up by call site and creates
+   it if missing, without a lock: two threads of a block arriving together could each create their own array
+   and never see each other's writes (rare garbage sums). Same lookup, made atomic.
+
+:func:`install` applies both; :mod:`kernels_src.device` calls it when it chooses the simulator.
+
+What is still not like a GPU: plain Python arithmetic on two Python floats (``1.0 / 0.0`` raises
+ZeroDivisionError), though values read from arrays are NumPy scalars, which follow IEEE rules; and the
+precision (the simulator computes in float64 where a float32 kernel rounds every step).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import sys
+import threading
+import types
+
+import numpy as np
+
+_PY_ERRORS = (OverflowError, ValueError, ZeroDivisionError)
+
+
+def _tgamma(x):
+    """CUDA's tgamma: +-inf at +-0, nan at negative integers and -inf, +inf on overflow."""
+    x = float(x)
+    if x == 0.0:
+        return math.copysign(math.inf, x)
+    if math.isnan(x) or x == -math.inf or (x < 0 and x == math.floor(x)):
+        return math.nan
+    return math.inf  # the only other way math.gamma raises is overflow (x > 171.6...)
+
+
+def _lgamma(x):
+    """CUDA's lgamma: +inf at the poles (0 and the negative integers) and at +-inf."""
+    x = float(x)
+    return math.nan if math.isnan(x) else math.inf
+
+
+def _log(x, base=None):
+    with np.errstate(all="ignore"):
+        return float(np.log(x)) if base is None else float(np.log(x) / np.log(base))
+
+
+# Python math function -> what CUDA's math library returns where Python raises (same values otherwise).
+_IEEE = {
+    "exp": np.exp, "exp2": np.exp2, "expm1": np.expm1, "log": _log, "log2": np.log2, "log10": np.log10,
+    "log1p": np.log1p, "sqrt": np.sqrt, "pow": np.power, "cosh": np.cosh, "sinh": np.sinh, "tanh": np.tanh,
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "atan2": np.arctan2, "hypot": np.hypot,
+    "fmod": np.fmod, "remainder": lambda x, y: float("nan") if y == 0 or math.isinf(x) else math.remainder(x, y),
+    "ldexp": lambda x, i: float(np.ldexp(np.float64(x), int(i))), "cbrt": np.cbrt,
+    "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "gamma": _tgamma, "lgamma": _lgamma,
+}
+
+
+def _cuda_rules(name: str, py_fn, ieee_fn):
+    @functools.wraps(py_fn)
+    def fn(*args):
+        try:
+            return py_fn(*args)
+        except _PY_ERRORS:
+            with np.errstate(all="ignore"):
+                return float(ieee_fn(*args))
+
+    fn.__qualname__ = fn.__name__ = name
+    fn.__doc__ = f"math.{name}, returning CUDA's IEEE result (inf, 0 or nan) where Python's would raise."
+    fn.python_math = py_fn
+    return fn
+
+
+def _make_cuda_math() -> types.ModuleType:
+    mod = types.ModuleType("math", "Python's math module with CUDA's answers where Python would raise "
+                                   "(kernels_src.simulator).")
+    mod.__dict__.update({k: v for k, v in vars(math).items() if not k.startswith("__")})
+    for name, ieee in _IEEE.items():
+        if hasattr(math, name):
+            setattr(mod, name, _cuda_rules(name, getattr(math, name), ieee))
+    mod.is_cuda_math = True
+    return mod
+
+
+CUDA_MATH = _make_cuda_math()
+_MATH_FUNCS = {id(getattr(math, n)): n for n in _IEEE if hasattr(math, n)}
+
+# Several threads of a block enter a device function at once, and a device function may live in another
+# module than its kernel: swap a module's globals on the first entry, restore them on the last exit.
+_swap_lock = threading.Lock()
+_swap_depth: dict = {}  # id(globals dict) -> [depth, {name: original}]
+
+
+def _math_replacements(globs: dict) -> dict:
+    repl = {}
+    for k, v in globs.items():
+        if v is math:
+            repl[k] = CUDA_MATH
+        elif callable(v) and _MATH_FUNCS.get(id(v)) is not None and getattr(math, _MATH_FUNCS[id(v)]) is v:
+            repl[k] = getattr(CUDA_MATH, _MATH_FUNCS[id(v)])
+    return repl
+
+
+@contextlib.contextmanager
+def cuda_math_for(fn):
+    """While the block runs, ``fn``'s module sees :data:`CUDA_MATH` wherever it used ``math``."""
+    globs = getattr(fn, "__globals__", None)
+    if globs is None:
+        yield
+        return
+    key = id(globs)
+    with _swap_lock:
+        entry = _swap_depth.get(key)
+        if entry is None:
+            repl = _math_replacements(globs)
+            entry = _swap_depth[key] = [0, {k: globs[k] for k in repl}]
+            globs.update(repl)
+        entry[0] += 1
+    try:
+        yield
+    finally:
+        with _swap_lock:
+            entry[0] -= 1
+            if entry[0] == 0:
+                globs.update(entry[1])
+                del _swap_depth[key]
+
+
+def _follow_cuda_math() -> None:
+    """Wrap the simulator's ``swapped_cuda_module`` (entered around every simulated kernel and device
+    function call) so that it also swaps ``math`` for :data:`CUDA_MATH`."""
+    from numba.cuda.simulator import kernel, kernelapi
+
+    original = kernel.swapped_cuda_module
+    if getattr(original, "cuda_math", False):
+        return
+
+    @contextlib.contextmanager
+    def swapped_cuda_module(fn, fake_cuda_module):
+        with cuda_math_for(fn), original(fn, fake_cuda_module):
+            yield
+
+    swapped_cuda_module.cuda_math = True
+    swapped_cuda_module.simulator_original = original
+    kernel.swapped_cuda_module = swapped_cuda_module
+    kernelapi.swapped_cuda_module = swapped_cuda_module
+
+
+def _make_simulated_shared_arrays_thread_safe() -> None:
+    """The shared-array fix (see the module docstring, item 2)."""
+    from numba.cuda.simulator import kernelapi
+
+    if getattr(kernelapi.FakeCUDAShared.array, "_atomic", False):
+        return
+    simulator_array = kernelapi.FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0:  # dynamic shared memory: one buffer, no lookup to race on
+            return simulator_array(self, shape, dtype, alignment)
+        if alignment is not None:
+            raise RuntimeError("Array alignment is not supported in cudasim")
+        from numba.cuda import types as nb_types
+        from numba.cuda.np import numpy_support
+
+        if isinstance(dtype, nb_types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            res = self._allocations.get(key)
+            if res is None:
+                res = self._allocations[key] = np.empty(shape, dtype)
+        return res
+
+    array._atomic = True
+    array.simulator_original = simulator_array
+    kernelapi.FakeCUDAShared.array = array
+
+
+def install() -> None:
+    """Apply every fix; idempotent. Call only when numba.cuda is the simulator."""
+    _make_simulated_shared_arrays_thread_safe()
+    _follow_cuda_math()

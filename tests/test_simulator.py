@@ -1,0 +1,109 @@
+"""The CUDA simulator follows CUDA's math rules (kernels_src/simulator.py): where Python's math raises,
+a simulated kernel gets what a GPU returns (inf, 0 or nan), and host code still gets Python's math."""
+import math
+import threading
+from math import exp as imported_exp
+
+import numpy as np
+import pytest
+
+from kernels_src import device
+from kernels_src.simulator import CUDA_MATH
+
+cuda = device.cuda
+needs_sim = pytest.mark.skipif(not device.SIMULATED, reason="the fixes apply to the CUDA simulator only")
+
+INF, NAN = math.inf, math.nan
+
+
+@pytest.mark.parametrize("name, args, want", [
+    ("exp", (710.0,), INF), ("expm1", (1e4,), INF), ("exp2", (2000.0,), INF),
+    ("pow", (10.0, 400.0), INF), ("pow", (0.0, -1.0), INF), ("pow", (-8.0, 1 / 3), NAN),
+    ("cosh", (1e4,), INF), ("sinh", (-1e4,), -INF), ("log", (0.0,), -INF), ("log", (-1.0,), NAN),
+    ("log2", (0.0,), -INF), ("log10", (-2.0,), NAN), ("log1p", (-1.0,), -INF), ("sqrt", (-1.0,), NAN),
+    ("cos", (INF,), NAN), ("sin", (-INF,), NAN), ("acos", (2.0,), NAN), ("atanh", (1.0,), INF),
+    ("fmod", (1.0, 0.0), NAN), ("ldexp", (1.0, 5000), INF), ("gamma", (0.0,), INF), ("gamma", (-3.0,), NAN),
+    ("gamma", (200.0,), INF), ("lgamma", (0.0,), INF), ("floor", (INF,), INF), ("log", (0.0, 2.0), -INF),
+])
+def test_cuda_math_returns_ieee_values_where_python_raises(name, args, want):
+    with pytest.raises((OverflowError, ValueError, ZeroDivisionError)):
+        getattr(math, name)(*args)
+    got = getattr(CUDA_MATH, name)(*args)
+    assert (math.isnan(got) and math.isnan(want)) or got == want, (name, args, got)
+
+
+def test_cuda_math_is_python_math_where_python_does_not_raise():
+    rng = np.random.default_rng(0)
+    for name in ("exp", "expm1", "log", "sqrt", "tanh", "erf", "cos", "atan2", "pow", "lgamma", "floor"):
+        for _ in range(20):
+            args = (float(abs(rng.standard_normal()) * 10 + 0.1),) * (2 if name in ("atan2", "pow") else 1)
+            assert getattr(CUDA_MATH, name)(*args) == getattr(math, name)(*args)
+
+
+@cuda.jit
+def _gelu_tanh_kernel(out, x):
+    # x / (1 + exp(-2u)) is the right limit on a GPU for every u: exp overflows to inf, x / inf = -0
+    i = cuda.grid(1)
+    if i < x.size:
+        u = 0.7978845608028654 * (x[i] + 0.044715 * x[i] * x[i] * x[i])
+        out[i] = x[i] / (1.0 + math.exp(-2.0 * u))
+
+
+@cuda.jit
+def _imported_names_kernel(out, x):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = imported_exp(x[i]) + math.log(x[i] - x[i])  # exp overflow and log(0)
+
+
+@needs_sim
+def test_simulated_kernel_overflows_to_inf_like_a_gpu():
+    x = np.array([-1000.0, -20.0, 0.0, 3.0, 1000.0])
+    out = np.full_like(x, np.nan)
+    with device.simulator_speedup():
+        _gelu_tanh_kernel[1, 8](out, x)
+    u = 0.7978845608028654 * (x + 0.044715 * x**3)
+    with np.errstate(over="ignore"):
+        want = x / (1.0 + np.exp(-2.0 * u))
+    np.testing.assert_array_equal(out, want)
+    assert out[0] == 0.0 and math.copysign(1, out[0]) == -1  # -1000 / inf = -0, as on the GPU
+
+
+@needs_sim
+def test_names_imported_from_math_follow_cuda_too_and_host_math_is_restored():
+    x = np.array([800.0, 1.0])
+    out = np.zeros_like(x)
+    _imported_names_kernel[1, 2](out, x)
+    assert math.isnan(out[0]) and out[1] == -INF  # inf + (-inf) = nan; exp(1) + log(0) = -inf
+    # after the launch this module's host code sees Python's math again
+    assert globals()["math"] is math and globals()["imported_exp"] is math.exp
+    with pytest.raises(OverflowError):
+        imported_exp(800.0)
+
+
+@needs_sim
+def test_concurrent_blocks_keep_cuda_math_until_the_last_thread_leaves():
+    """Many threads enter and leave device functions at different times: the swap is reference-counted."""
+    from kernels_src.simulator import cuda_math_for
+
+    def probe():
+        return math.exp(1000.0)
+
+    errors, go = [], threading.Barrier(16)
+
+    def worker(k):
+        go.wait()
+        for _ in range(50):
+            with cuda_math_for(probe):
+                try:
+                    assert probe() == INF
+                except Exception as e:  # noqa: BLE001
+                    errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    assert globals()["math"] is math
