@@ -657,7 +657,7 @@ def adam_clip_kernel(p_new, m_new, v_new, p, g, m, v, sumsq, max_norm, decay, b1
 REDUCE_BLOCKS = 1024  # blocks of the norm pass: enough to fill an H100 (132 SMs x 8), few atomics
 SIG_SUMSQ = f"void({V1}, {V1})"
 SIG_SCALE_NORM = f"void({V1}, {V1}, {V1}, float32)"
-SIG_CLIP = f"void({', '.join([V1] * 8)}, {', '.join(['float32'] * 10)})"
+SIG_CLIP = f"void({', '.join([V1] * 8)}, {', '.join(['float32'] * 9)})"
 
 
 def _sumsq_gpu(g):
