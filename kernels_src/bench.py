@@ -95,7 +95,7 @@ def time_gpu(fn, arg_sets, *, warmup: int = 2, repeat: int = 20, flush: bool = T
 
 
 # ----------------------------------------------------------------------------------------- peaks
-def measure_peaks(backend: str, *, compute_size: int = 1024) -> dict:
+def measure_peaks(backend: str, *, compute_size: int = 1024, tensor_cores: bool = False) -> dict:
     """Measured yardsticks for this run: copy bandwidth, and the vendor GEMM rate where available."""
     if backend == "cpu":
         n = 16 << 20  # 64 MiB of float32: well past the caches
@@ -115,15 +115,61 @@ def measure_peaks(backend: str, *, compute_size: int = 1024) -> dict:
     if device.MODE != "gpu":
         return {"copy_gbps": None, "copy_what": "simulated: no GPU peak", "compute_gflops": None,
                 "compute_what": "simulated"}
-    cuda = device.cuda
-    n = 256 << 20  # 1 GiB of float32
-    src = cuda.device_array(n, dtype=np.float32)
-    dst = cuda.device_array(n, dtype=np.float32)
-    t = _median(time_gpu(lambda d, s: d.copy_to_device(s), [(dst, src)], repeat=10, flush=False))
-    peaks = {"copy_gbps": 2 * n * 4 / t / 1e9, "copy_what": "device-to-device copy, 1 GiB (read + write)"}
-    del src, dst
-    peaks.update(_cublas_rate(4096))
+    peaks = measure_copy()
+    peaks.update(_cublas_rate(4096, tensor_cores=tensor_cores))
+    peaks["datasheet"] = datasheet()
     return peaks
+
+
+# The fastest copy measured in the same run is the yardstick; these are its candidates (kernels_src/ops/copy.py).
+COPY_CANDIDATES = {"memcpy": "cudaMemcpy device-to-device", "torch": "torch's copy kernel (Tensor.copy_)",
+                   "stride_v4": "the course's copy kernel (16-byte loads, grid stride)"}
+
+
+def measure_copy(n: int = 256 << 20, repeat: int = 20) -> dict:
+    """GB/s of each copy in :data:`COPY_CANDIDATES` on ``n`` float32 (1 GiB), timed alike (CUDA events,
+    L2 flushed, median), and the fastest as ``copy_gbps``. Every memory-bound result is a fraction of it."""
+    from .registry import get_variant
+
+    cuda = device.cuda
+    src = cuda.to_device(np.random.default_rng(0).random(n, dtype=np.float32))
+    dst = cuda.device_array(n, dtype=np.float32)
+    each = {}
+    for name, what in COPY_CANDIDATES.items():
+        v = get_variant(f"copy/gpu/{name}")
+        ok, why = v.available()
+        if not ok:
+            each[name] = {"what": what, "skipped": why}
+            continue
+        t = _median(time_gpu(v.fn, [(dst, src)], repeat=repeat))
+        each[name] = {"what": what, "gbps": 2 * n * 4 / t / 1e9, "median_s": t}
+    best = max((k for k in each if "gbps" in each[k]), key=lambda k: each[k]["gbps"])
+    del src, dst
+    return {"copy_gbps": each[best]["gbps"],
+            "copy_what": f"fastest of {len([k for k in each if 'gbps' in each[k]])} copies, 1 GiB float32 "
+                         f"(read + write): {each[best]['what']}",
+            "copy_each": each}
+
+
+# Datasheet figures, shown beside the measured ones and labelled as such (never used as a yardstick).
+DATASHEETS = {
+    "H100": {"name": "NVIDIA H100 SXM5 (datasheet)", "hbm_gbps": 3350, "fp32_tflops": 67, "tf32_tflops": 495,
+             "bf16_tflops": 989, "l2_mb": 50, "smem_per_sm_kb": 228,
+             "source": "NVIDIA H100 Tensor Core GPU datasheet; tensor-core rates without sparsity"},
+    "H200": {"name": "NVIDIA H200 SXM (datasheet)", "hbm_gbps": 4800, "fp32_tflops": 67, "tf32_tflops": 495,
+             "bf16_tflops": 989, "l2_mb": 50, "smem_per_sm_kb": 228,
+             "source": "NVIDIA H200 Tensor Core GPU datasheet; tensor-core rates without sparsity"},
+}
+
+
+def datasheet(name: str | None = None) -> dict | None:
+    """The datasheet entry for the current GPU (or ``name``), if the course has one."""
+    if name is None:
+        name = device.describe().get("name", "") if device.MODE == "gpu" else ""
+    for key, sheet in DATASHEETS.items():
+        if key in name:
+            return sheet
+    return None
 
 
 def _parallel_copy():
@@ -145,19 +191,34 @@ def _blas_name() -> str:
         return "BLAS"
 
 
-def _cublas_rate(n: int) -> dict:
-    """cuBLAS SGEMM through torch (TF32 off) when torch is installed; otherwise nothing."""
+def _cublas_rate(n: int, tensor_cores: bool = False) -> dict:
+    """cuBLAS SGEMM through torch (TF32 off) when torch is installed; otherwise nothing. With
+    ``tensor_cores``, also the tensor-core rates a user gets from torch (TF32 on, and bf16): roofs the
+    course's FP32 CUDA-core kernels do not aim at, shown on the rooflines for what they are."""
     try:
         import torch
     except ImportError:
         return {"compute_gflops": None, "compute_what": "torch not installed: no cuBLAS yardstick"}
-    torch.backends.cuda.matmul.allow_tf32 = False
-    a = torch.rand(n, n, device="cuda")
-    b = torch.rand(n, n, device="cuda")
-    c = torch.empty(n, n, device="cuda")
-    t = _median(time_gpu(lambda: torch.matmul(a, b, out=c), [()], repeat=10, flush=False))
-    return {"compute_gflops": 2 * n**3 / t / 1e9, "compute_what": f"cuBLAS SGEMM via torch {torch.__version__}, "
-            f"{n}^3 fp32, TF32 off"}
+    prev = torch.backends.cuda.matmul.allow_tf32
+
+    def rate(dtype, tf32):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        a = torch.rand(n, n, device="cuda").to(dtype)
+        b = torch.rand(n, n, device="cuda").to(dtype)
+        c = torch.empty(n, n, device="cuda", dtype=dtype)
+        t = _median(time_gpu(lambda: torch.matmul(a, b, out=c), [()], repeat=10, flush=False))
+        return 2 * n**3 / t / 1e9
+
+    try:
+        out = {"compute_gflops": rate(torch.float32, False),
+               "compute_what": f"cuBLAS SGEMM via torch {torch.__version__}, {n}^3 fp32, TF32 off"}
+        if tensor_cores:
+            out["tensor_core_roofs"] = {
+                "tf32_gflops": rate(torch.float32, True), "bf16_gflops": rate(torch.bfloat16, False),
+                "what": f"cuBLAS via torch {torch.__version__}, {n}^3: fp32 with TF32 on, and bf16 (tensor cores)"}
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    return out
 
 
 # ----------------------------------------------------------------------------------------- bench
@@ -229,7 +290,8 @@ def bench(op_name: str, backend: str = "cpu", *, variants=None, sizes=None, dtyp
     itemsize = np.dtype(dtype).itemsize
     result = {"op": op.name, "backend": backend, "dtype": np.dtype(dtype).name, "kind": op.kind,
               "simulated": simulated, "meta": environment(),
-              "peaks": measure_peaks(backend) if include_peaks and not simulated else {}, "rows": []}
+              "peaks": measure_peaks(backend, tensor_cores=op.kind == "compute") if include_peaks and not simulated
+              else {}, "rows": []}
     jobs = [(size, v) for size in sizes for v in chosen]
     it = jobs
     if progress:
@@ -290,6 +352,13 @@ def format_table(result: dict) -> str:
     lines = [head]
     if peaks.get("copy_gbps"):
         lines.append(f"  copy bandwidth: {peaks['copy_gbps']:.1f} GB/s ({peaks['copy_what']})")
+        for name, c in (peaks.get("copy_each") or {}).items():
+            lines.append(f"    {name:<10} " + (f"{c['gbps']:.1f} GB/s" if "gbps" in c else "skipped: " + c["skipped"])
+                         + f"  ({c['what']})")
+    sheet = peaks.get("datasheet")
+    if sheet:
+        lines.append(f"  datasheet (not measured): {sheet['hbm_gbps']} GB/s HBM, {sheet['fp32_tflops']} TFLOP/s FP32 "
+                     f"({sheet['name']})")
     if peaks.get("compute_gflops"):
         lines.append(f"  compute yardstick: {peaks['compute_gflops']:.1f} GFLOP/s ({peaks['compute_what']})")
     cols = ["size", "rung", "variant", "median", "GFLOP/s", "GB/s", "% copy BW" if memory else "% peak", "vs base"]

@@ -41,8 +41,10 @@ def _eager_fn(op_name):
             "rmsnorm": norms.eager_rmsnorm}[op_name]
 
 
-def eager_rows(op, sizes, dtype="float32", repeat=20) -> list[dict]:
-    """Time torch eager (allocating its output) on tensors made by the op's make_inputs."""
+def eager_rows(op, sizes, dtype="float32", repeat=20, compiled: bool = True) -> list[dict]:
+    """Time torch eager (allocating its output) on tensors made by the op's make_inputs, and with
+    ``compiled`` also ``torch.compile`` of the same function (Triton kernels generated for the shape):
+    the strongest baseline a user would reach for."""
     import torch
 
     from .bench import _median, time_gpu
@@ -53,16 +55,20 @@ def eager_rows(op, sizes, dtype="float32", repeat=20) -> list[dict]:
         rng = np.random.default_rng(1234)
         inputs = op.make_inputs(size, np.dtype(dtype), rng)
         targs = [torch.from_numpy(a).cuda() for a in inputs]
-        times = time_gpu(lambda: fn(*targs), [()], repeat=repeat)
-        t = _median(times)
-        itemsize = np.dtype(dtype).itemsize
-        flops, nbytes = op.flops(size), op.bytes(size, itemsize)
-        out.append({"variant": "torch_eager", "rung": 0, "baseline": True,
-                    "summary": f"torch {torch.__version__} eager, as a user calls it (allocates its output)",
-                    "size": list(size), "size_label": op.size_label(size), "median_s": t,
-                    "min_s": float(np.min(times)), "q1_s": float(np.percentile(times, 25)),
-                    "q3_s": float(np.percentile(times, 75)), "repeats": len(times),
-                    "gflops": flops / t / 1e9, "gbps": nbytes / t / 1e9, "flops": flops, "bytes": nbytes})
+        kinds = [("torch_eager", fn, f"torch {torch.__version__} eager, as a user calls it (allocates its output)")]
+        if compiled:
+            kinds.append(("torch_compile", torch.compile(fn, dynamic=False),
+                          f"torch {torch.__version__} torch.compile of the same function (Triton), allocating"))
+        for name, f, summary in kinds:
+            times = time_gpu(lambda: f(*targs), [()], warmup=3, repeat=repeat)
+            t = _median(times)
+            itemsize = np.dtype(dtype).itemsize
+            flops, nbytes = op.flops(size), op.bytes(size, itemsize)
+            out.append({"variant": name, "rung": 0, "baseline": True, "summary": summary,
+                        "size": list(size), "size_label": op.size_label(size), "median_s": t,
+                        "min_s": float(np.min(times)), "q1_s": float(np.percentile(times, 25)),
+                        "q3_s": float(np.percentile(times, 75)), "repeats": len(times),
+                        "gflops": flops / t / 1e9, "gbps": nbytes / t / 1e9, "flops": flops, "bytes": nbytes})
         del targs
         torch.cuda.empty_cache()
     return out
