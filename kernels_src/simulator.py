@@ -1,7 +1,7 @@
 """Fixes to numba's CUDA simulator, so that simulated kernels behave like kernels on a GPU.
 
-The simulator runs each CUDA thread as a Python thread, calling the kernel's own Python code. Two things in
-that differ from a GPU in ways that fail correct code, and both are fixed here, once, for every user of the
+The simulator runs each CUDA thread as a Python thread, calling the kernel's own Python code. Things in
+that differ from a GPU in ways that fail correct code, or misreport a wrong one, are fixed here, once, for every user of the
 simulator (the course's tests, ``kernels check``, the notebooks and the autograder):
 
 1. **Math follows CUDA's rules, not Python's.** Python's ``math`` raises where CUDA's math library returns
@@ -15,7 +15,12 @@ simulator (the course's tests, ``kernels check``, the notebooks and the autograd
    it if missing, without a lock: two threads of a block arriving together could each create their own array
    and never see each other's writes (rare garbage sums). Same lookup, made atomic.
 
-:func:`install` applies both; :mod:`kernels_src.device` calls it when it chooses the simulator.
+3. **A thread's exception keeps its type and message.** The simulator rebuilds a thread's exception as
+   ``type(e)(msg)``, which fails for exceptions whose constructor wants other arguments (NumPy's memory
+   error, custom classes): the error was lost and a barrier the dead thread never reached was blamed
+   instead. See :func:`_keep_thread_exceptions`.
+
+:func:`install` applies all three; :mod:`kernels_src.device` calls it when it chooses the simulator.
 
 What is still not like a GPU: plain Python arithmetic on two Python floats (``1.0 / 0.0`` raises
 ZeroDivisionError), though values read from arrays are NumPy scalars, which follow IEEE rules; and the
@@ -190,7 +195,62 @@ def _make_simulated_shared_arrays_thread_safe() -> None:
     kernelapi.FakeCUDAShared.array = array
 
 
+def _rebuilt(e: BaseException, msg: str):
+    """``type(e)(msg)`` when that gives back an exception of the same type whose text is ``msg``; else None."""
+    try:
+        new = type(e)(msg)
+    except Exception:  # noqa: BLE001  (a constructor that wants other arguments)
+        return None
+    try:
+        return new if type(new) is type(e) and str(new) == msg else None
+    except Exception:  # noqa: BLE001  (a __str__ that needs attributes the constructor did not set)
+        return None
+
+
+def _keep_thread_exceptions() -> None:
+    """A simulated thread's exception reaches the launcher with its own type and message.
+
+    The simulator's ``BlockThread.run`` catches a thread's exception and rebuilds it as ``type(e)(msg)`` to add
+    the thread and block indices. That fails for exceptions whose constructor does not take one message
+    (NumPy's memory error, ``UnicodeDecodeError``, many custom classes): the rebuild raises inside ``run``,
+    the original is lost, the thread ends as if it had returned, and the block's other threads are then
+    reported as waiting at a barrier it never reached. It also never catches a ``BaseException`` that is not
+    an ``Exception`` (``SystemExit``), which ends the thread just as silently. Here the rebuild is kept where
+    it works; otherwise the original exception is kept, with the thread and block added as a note."""
+    from numba.cuda.simulator import kernel
+
+    if getattr(kernel.BlockThread.run, "_keeps_exceptions", False):
+        return
+    simulator_run = kernel.BlockThread.run
+
+    def run(self):
+        try:
+            threading.Thread.run(self)
+        except BaseException as e:  # noqa: BLE001  (whatever a kernel raises is the launch's error)
+            where = f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}"
+            try:
+                text = str(e)
+            except Exception:  # noqa: BLE001
+                text = ""
+            msg = f"{where}: {text}" if text else where
+            tb = sys.exc_info()[2]
+            new = _rebuilt(e, msg) if isinstance(e, Exception) else None
+            if new is None:
+                new = e
+                try:
+                    e.add_note(f"raised in the simulated CUDA thread {where}")
+                except Exception:  # noqa: BLE001
+                    pass
+                new.simulated_thread = where
+            self.exception = (new, tb)
+
+    run._keeps_exceptions = True
+    run.simulator_original = simulator_run
+    kernel.BlockThread.run = run
+
+
 def install() -> None:
     """Apply every fix; idempotent. Call only when numba.cuda is the simulator."""
     _make_simulated_shared_arrays_thread_safe()
     _follow_cuda_math()
+    _keep_thread_exceptions()

@@ -465,6 +465,14 @@ def instrumented(track_races: bool = True):
                         t_other.syncthreads_event.set()
                     raise t.exception[0].with_traceback(t.exception[1])
             if livethreads == blockedthreads:
+                # a thread that ended with an exception is not a divergent barrier: report the exception
+                for t in threads:
+                    if t.exception:
+                        for t_other in threads:
+                            t_other.abort = True
+                            t_other.syncthreads_blocked = False
+                            t_other.syncthreads_event.set()
+                        raise t.exception[0].with_traceback(t.exception[1])
                 if tracker is not None:
                     _check_barrier(tracker, grid_point, threads, blockedthreads)
                     tracker.new_interval()

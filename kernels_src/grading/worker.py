@@ -101,7 +101,15 @@ def _exc_info(e: BaseException, where: Where) -> dict:
                 "(the limit); print less", "line": line, "where": where(line) if line else ""}
     if len(msg) > 800:
         msg = msg[:800] + " ..."
-    return {"type": type(e).__name__, "message": msg, "line": line, "where": where(line) if line else ""}
+    return {"type": _type_name(e), "message": msg, "line": line, "where": where(line) if line else ""}
+
+
+def _type_name(e: BaseException) -> str:
+    """The exception's class name; for a private class (NumPy's ``_ArrayMemoryError``), its first public base."""
+    for cls in type(e).__mro__:
+        if not cls.__name__.startswith("_"):
+            return cls.__name__
+    return type(e).__name__
 
 
 # ----------------------------------------------------------------------------------- shortcuts
