@@ -1,0 +1,539 @@
+"""Decode attention against a KV cache, with grouped-query attention, and split-K flash-decoding
+(chapter 10).
+
+Shapes: q (B,Hq,D) one new query per sequence; K, V (B,Hkv,L,D) the cache (capacity L); lengths (B,)
+        int32 (rows 0 .. lengths[b]-1 of sequence b are valid) -> o (B,Hq,D).
+        Query head h reads cache head h // G, G = Hq / Hkv (G = 1: multi-head; Hkv = 1: multi-query).
+        o[b,h] = softmax_l(q[b,h] . K[b,h//G,l] / sqrt(D)) @ V[b,h//G,:n], n = lengths[b].
+Cost:   4*Hq*n*D FLOPs per sequence against 2*Hkv*n*D cache elements read: ~2*G FLOPs per 4 bytes.
+        Memory-bound: the time is the time to stream K and V once. Bytes counted: K and V rows read,
+        plus q and o.
+
+Split-K. Partition the n rows into S chunks; block (s, b, kv head) computes, for each of its G query
+heads, the partial output O_s (normalised over its chunk) and lse_s = m_s + log(sum_l exp(score_l - m_s)).
+The merge (op attn_merge) is exact:  o = sum_s w_s O_s,  w_s = exp(lse_s - M) / sum_r exp(lse_r - M),
+M = max_s lse_s; an empty chunk has lse = -inf and weight 0. The merge adds S in a fixed order, so the
+result is bitwise deterministic (no atomics).
+
+Ladder (decode_attention)
+  cpu/loop      rung 1  per (b, query head): scores, max, exp-sum, weighted sum of V rows
+  cpu/prange    rung 2  (b, kv head) pairs over the cores; the G query heads of a group share each
+                        K and V row read
+  gpu/block     rung 1  one block per (b, kv head) loops over all n rows in tiles of 32 (K, V tiles
+                        staged in shared memory, an online softmax across tiles)
+  gpu/splitk    rung 2  the same block body on a chunk of rows; S chunks so that ~4 blocks per SM run;
+                        then the merge kernel
+  gpu/sdpa      baseline torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)
+  gpu/matmul    baseline the grouped step written with torch matmuls and softmax
+
+Cache rows at or past lengths[b] hold NaN in make_inputs: a kernel that reads one gives NaN.
+Caches of 1024 rows or more are full (the benchmark counts every row); shorter ones get ragged lengths.
+"""
+import math
+
+import numpy as np
+from numba import float32, njit, prange
+
+from .. import device
+from ..device import cuda, ceil_div
+from ..registry import define_op, register
+from .reductions import FAST_MATH, NEG_INF, ZERO, torch_gpu, torch_view
+
+
+# --------------------------------------------------------------------------------------- reference
+def reference(q, k, v, lengths):
+    """float64 oracle: a plain softmax attention of each query head over its group's valid rows."""
+    b_n, hq, d = q.shape
+    g = hq // k.shape[1]
+    o = np.zeros((b_n, hq, d))
+    for b in range(b_n):
+        n = int(lengths[b])
+        for h in range(hq):
+            s = k[b, h // g, :n] @ q[b, h] / math.sqrt(d)
+            p = np.exp(s - s.max())
+            o[b, h] = (p / p.sum()) @ v[b, h // g, :n]
+    return o
+
+
+FULL_FROM = 1024  # caches at least this long are full in make_inputs
+
+
+def make_lengths(b_n, l_max, rng):
+    if l_max >= FULL_FROM:
+        return np.full(b_n, l_max, dtype=np.int32)
+    n = rng.integers(1, l_max + 1, size=b_n).astype(np.int32)
+    n[0] = l_max
+    return n
+
+
+def make_inputs(size, dtype, rng):
+    """q, K, V ~ N(0,1) (scores q.k/sqrt(D) ~ N(0,1)); rows past each length are NaN."""
+    b_n, hq, hkv, l_max, d = size
+    q = rng.standard_normal((b_n, hq, d)).astype(dtype)
+    k = rng.standard_normal((b_n, hkv, l_max, d)).astype(dtype)
+    v = rng.standard_normal((b_n, hkv, l_max, d)).astype(dtype)
+    lengths = make_lengths(b_n, l_max, rng)
+    for b in range(b_n):
+        k[b, :, lengths[b]:] = np.nan
+        v[b, :, lengths[b]:] = np.nan
+    return q, k, v, lengths
+
+
+def make_edge_inputs(size, dtype, rng):
+    """Scores of size ~1e3 (exp overflows unless the running max is subtracted), one-row caches,
+    zero queries (uniform weights) and huge V values (1e30: the weighted sum must not overflow)."""
+    q, k, v, lengths = make_inputs(size, dtype, rng)
+    q[0] *= dtype.type(300.0)
+    if q.shape[0] > 1:
+        q[1] = 0.0
+        lengths[1] = 1
+    v[0, :, 0, :] = dtype.type(1e30)
+    return q, k, v, lengths
+
+
+def _bytes(s, b):
+    b_n, hq, hkv, l_max, d = s
+    return (2 * b_n * hkv * l_max * d + 2 * b_n * hq * d) * b
+
+
+def _flops(s):
+    b_n, hq, hkv, l_max, d = s
+    return 4 * b_n * hq * l_max * d
+
+
+def decode_tol(size, dtype):
+    # o is a convex combination of V rows (|o| <~ 3): float32 sums of n terms and fast exp; the error
+    # of a sum of n rounded terms grows like sqrt(n) * eps.
+    n = size[3]
+    return (2e-5, 4e-6 * math.sqrt(n) + 2e-6)
+
+
+SIZES = {"check": [(1, 1, 1, 1, 1), (2, 4, 2, 7, 16), (3, 8, 2, 97, 64), (1, 32, 8, 1031, 128), (2, 6, 3, 300, 13),
+                   (1, 4, 1, 2053, 130)],
+         "check_sim": [(1, 1, 1, 1, 1), (2, 4, 2, 7, 8), (1, 3, 3, 40, 5)],
+         "bench": [(1, 32, 8, 4096, 128)],
+         "bench_gpu": [(1, 32, 8, l, 128) for l in (1024, 4096, 16384, 32768, 131072)]
+         + [(16, 32, 8, 4096, 128), (64, 32, 8, 2048, 128)],
+         "bench_sim": [(2, 4, 2, 7, 8)]}
+define_op("decode_attention", reference=reference, make_inputs=make_inputs, chapter=10,
+          title="decode attention over a KV cache (GQA)", size_names=("B", "Hq", "Hkv", "L", "D"),
+          kind="memory", tol=decode_tol, output_names=("o",), sizes=SIZES, flops=_flops, bytes=_bytes)
+
+
+# ---------------------------------------------------------------------------------- the merge op
+def reference_merge(o_part, lse):
+    """float64 oracle: o = sum_s softmax(lse)_s * O_s; a row whose lse are all -inf is zero."""
+    m = np.max(lse, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    w = np.exp(lse - m)
+    tot = w.sum(-1, keepdims=True)
+    w = np.where(tot > 0, w / np.where(tot > 0, tot, 1.0), 0.0)
+    return np.einsum("bhs,bhsd->bhd", w, o_part)
+
+
+def make_inputs_merge(size, dtype, rng):
+    """Partial outputs ~ N(0,1) with lse ~ 3 N(0,1); about one chunk in five is empty (lse = -inf,
+    O = 0), and row (0, 0) is all empty."""
+    b_n, h, s, d = size
+    o_part = rng.standard_normal((b_n, h, s, d)).astype(dtype)
+    lse = (3.0 * rng.standard_normal((b_n, h, s))).astype(dtype)
+    empty = rng.random((b_n, h, s)) < 0.2
+    if s > 1:
+        empty[0, 0, :] = True
+    lse[empty] = -np.inf
+    o_part[empty] = 0.0
+    return o_part, lse
+
+
+def make_edge_inputs_merge(size, dtype, rng):
+    """lse of +-1e4 (exp(lse) overflows or underflows unless the max is subtracted) and all-empty rows."""
+    o_part, lse = make_inputs_merge(size, dtype, rng)
+    lse[..., ::2] += dtype.type(1e4)
+    lse[..., 1::3] -= dtype.type(1e4)
+    return o_part, lse
+
+
+define_op("attn_merge", reference=reference_merge, make_inputs=make_inputs_merge, chapter=10,
+          title="merge of split-K partial attention (logsumexp)", size_names=("B", "H", "S", "D"),
+          kind="memory", tol=(1e-5, 2e-6), output_names=("o",),
+          sizes={"check": [(1, 1, 1, 1), (2, 3, 5, 7), (1, 4, 64, 128), (3, 2, 13, 33)],
+                 "check_sim": [(1, 1, 1, 1), (2, 3, 5, 7)],
+                 "bench": [(1, 32, 64, 128)], "bench_sim": [(2, 3, 5, 7)]},
+          flops=lambda s: 3 * s[0] * s[1] * s[2] * s[3],
+          bytes=lambda s, b: (s[0] * s[1] * s[2] * (s[3] + 1) + s[0] * s[1] * s[3]) * b)
+
+
+# --------------------------------------------------------------------------------------------- CPU
+@njit(cache=False, fastmath=FAST_MATH, error_model="numpy")
+def _decode_head(o, q, k, v, lengths, b, h, g, p):
+    d_n = q.shape[2]
+    n = lengths[b]
+    kh = h // g
+    scale = np.float32(1.0 / math.sqrt(d_n))
+    m = np.float32(-np.inf)
+    for l in range(n):  # pass 1: scores and their max
+        s = np.float32(0.0)
+        for d in range(d_n):
+            s += q[b, h, d] * k[b, kh, l, d]
+        p[l] = s * scale
+        m = max(m, p[l])
+    tot = np.float32(0.0)
+    for l in range(n):
+        p[l] = np.exp(p[l] - m)
+        tot += p[l]
+    for d in range(d_n):
+        o[b, h, d] = 0.0
+    for l in range(n):  # pass 2: weighted sum of V rows
+        w = p[l] / tot
+        for d in range(d_n):
+            o[b, h, d] += w * v[b, kh, l, d]
+
+
+@njit(cache=False, fastmath=FAST_MATH, error_model="numpy")
+def decode_loop(o, q, k, v, lengths):
+    b_n, hq, _ = q.shape
+    g = hq // k.shape[1]
+    p = np.empty(k.shape[2], dtype=np.float32)
+    for b in range(b_n):
+        for h in range(hq):
+            _decode_head(o, q, k, v, lengths, b, h, g, p)
+
+
+@njit(parallel=True, cache=False, fastmath=FAST_MATH, error_model="numpy")
+def decode_prange(o, q, k, v, lengths):
+    b_n, hq, _ = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    for bk in prange(b_n * hkv):
+        b = bk // hkv
+        p = np.empty(k.shape[2], dtype=np.float32)
+        for h in range(bk % hkv * g, bk % hkv * g + g):
+            _decode_head(o, q, k, v, lengths, b, h, g, p)
+
+
+@register("decode_attention", "cpu", "loop", rung=1)
+def decode_attention_loop(o, q, k, v, lengths):
+    """Per (batch, query head): scores into a buffer, exp and sum, then the weighted sum of V rows.
+    K and V are read G times (once per query head of the group): from cache if they fit."""
+    decode_loop(o, q, k, v, lengths)
+
+
+@register("decode_attention", "cpu", "prange", rung=2)
+def decode_attention_prange(o, q, k, v, lengths):
+    """(batch, kv head) groups spread over the cores; the G query heads of a group run back to back
+    on one core, so the group's K and V rows are hot in its cache. Predict ~cores x rung 1."""
+    decode_prange(o, q, k, v, lengths)
+
+
+@njit(cache=False, fastmath=FAST_MATH, error_model="numpy")
+def merge_loop(o, o_part, lse):
+    b_n, h_n, s_n, d_n = o_part.shape
+    for b in range(b_n):
+        for h in range(h_n):
+            m = np.float32(-np.inf)
+            for s in range(s_n):
+                m = max(m, lse[b, h, s])
+            for d in range(d_n):
+                o[b, h, d] = 0.0
+            if m == -np.inf:
+                continue
+            tot = np.float32(0.0)
+            for s in range(s_n):
+                w = np.exp(lse[b, h, s] - m)
+                tot += w
+                for d in range(d_n):
+                    o[b, h, d] += w * o_part[b, h, s, d]
+            for d in range(d_n):
+                o[b, h, d] /= tot
+
+
+@register("attn_merge", "cpu", "loop", rung=1)
+def attn_merge_cpu(o, o_part, lse):
+    """For each (b, h): M = max lse, w_s = exp(lse_s - M), o = sum w_s O_s / sum w_s, in order s = 0..S-1."""
+    merge_loop(o, o_part, lse)
+
+
+# --------------------------------------------------------------------------------------------- GPU
+THREADS = 128  # threads per block of the decode kernels
+TILE = 32  # cache rows per tile
+QUARTERS = THREADS // TILE  # each row's dot product is split over this many threads
+_kernels: dict = {}
+
+
+def make_decode_kernel(g, dp, tl=TILE, nt=THREADS):
+    """Block (split s, b * Hkv + kv head): rows [s*chunk, min(n, (s+1)*chunk)) of one cache head for
+    its G query heads. ``g`` (group size) and ``dp`` (D rounded up to 32) are compile-time constants,
+    so the per-thread accumulators live in registers."""
+    nq = nt // tl  # threads per row in the score step
+    dq = (dp + nq - 1) // nq  # dimensions per score thread
+    dch = (dp + nt - 1) // nt  # output dimensions per thread
+    kst = dp + 1  # padded row stride of the K tile: conflict-free column walks
+    full = tl * dp // nt  # loads per thread of a full tile (when D == dp)
+    n_sk, n_sv, n_sq, n_sp, n_ss, n_acc = tl * kst, tl * dp, g * dp, nq * g * tl, g * tl, g * dch
+
+    @cuda.jit(fastmath=FAST_MATH)
+    def decode_kernel(o_part, lse, q, k, v, lengths, chunk):
+        sk = cuda.shared.array(n_sk, float32)
+        sv = cuda.shared.array(n_sv, float32)
+        sq = cuda.shared.array(n_sq, float32)
+        sp = cuda.shared.array(n_sp, float32)  # partial dot products
+        ss = cuda.shared.array(n_ss, float32)  # scores, then probabilities
+        sm = cuda.shared.array(g, float32)  # running max per query head
+        sa = cuda.shared.array(g, float32)  # rescale factor of this tile
+        sl = cuda.shared.array(g, float32)  # running sum of exp
+        acc = cuda.local.array(n_acc, float32)
+        part = cuda.local.array(g, float32)
+        split = cuda.blockIdx.x
+        b = cuda.blockIdx.y // k.shape[1]
+        kh = cuda.blockIdx.y % k.shape[1]
+        tid = cuda.threadIdx.x
+        d_n = q.shape[2]
+        scale = float32(1.0) / math.sqrt(float32(d_n))
+        n = lengths[b]
+        lo = split * chunk
+        hi = min(n, lo + chunk)
+        for j in range(tid, g * dp, nt):  # q of the G heads, pre-scaled, zero-padded to dp
+            gg = j // dp
+            d = j % dp
+            sq[j] = q[b, kh * g + gg, d] * scale if d < d_n else ZERO
+        if tid < g:
+            sm[tid] = NEG_INF
+            sl[tid] = ZERO
+        for j in range(g * dch):
+            acc[j] = ZERO
+        cuda.syncthreads()
+        for t0 in range(lo, hi, tl):
+            nv = min(tl, hi - t0)
+            # 1. stage the K and V tiles (rows t0 .. t0+nv-1 are contiguous: coalesced loads)
+            if nv == tl and d_n == dp:
+                for c in range(full):
+                    j = tid + c * nt
+                    r = j // dp
+                    d = j % dp
+                    sk[r * kst + d] = k[b, kh, t0 + r, d]
+                    sv[r * dp + d] = v[b, kh, t0 + r, d]
+            else:
+                for j in range(tid, tl * dp, nt):
+                    r = j // dp
+                    d = j % dp
+                    ok = r < nv and d < d_n
+                    sk[r * kst + d] = k[b, kh, t0 + r, d] if ok else ZERO
+                    sv[r * dp + d] = v[b, kh, t0 + r, d] if ok else ZERO
+            cuda.syncthreads()
+            # 2. partial dot products: thread (row r, quarter qq) over dq dimensions, all G heads
+            r = tid % tl
+            qq = tid // tl
+            for gg in range(g):
+                part[gg] = ZERO
+            for dd in range(dq):
+                d = qq * dq + dd
+                if d < dp:
+                    kv = sk[r * kst + d]
+                    for gg in range(g):
+                        part[gg] += sq[gg * dp + d] * kv
+            for gg in range(g):
+                sp[(qq * g + gg) * tl + r] = part[gg]
+            cuda.syncthreads()
+            # 3. scores (masked past nv)
+            for j in range(tid, g * tl, nt):
+                s = ZERO
+                for c in range(nq):
+                    s += sp[c * g * tl + j]
+                ss[j] = s if j % tl < nv else NEG_INF
+            cuda.syncthreads()
+            # 4. new running max and the rescale factor, one thread per query head
+            if tid < g:
+                mt = NEG_INF
+                for rr in range(nv):
+                    mt = max(mt, ss[tid * tl + rr])
+                m_old = sm[tid]
+                m_new = max(m_old, mt)
+                sa[tid] = math.exp(m_old - m_new) if m_old != NEG_INF else ZERO
+                sm[tid] = m_new
+            cuda.syncthreads()
+            # 5. probabilities
+            for j in range(tid, g * tl, nt):
+                gg = j // tl
+                ss[j] = math.exp(ss[j] - sm[gg]) if j % tl < nv else ZERO
+            cuda.syncthreads()
+            # 6. rescale and accumulate: thread owns output dimensions tid, tid + nt, ... of all G heads
+            for c in range(dch):
+                d = tid + c * nt
+                if d < dp:
+                    for gg in range(g):
+                        s = ZERO
+                        for rr in range(nv):
+                            s += ss[gg * tl + rr] * sv[rr * dp + d]
+                        acc[c * g + gg] = acc[c * g + gg] * sa[gg] + s
+            if tid < g:
+                tot = ZERO
+                for rr in range(nv):
+                    tot += ss[tid * tl + rr]
+                sl[tid] = sl[tid] * sa[tid] + tot
+            cuda.syncthreads()
+        # write the normalised partial output and its logsumexp (an empty chunk: O = 0, lse = -inf)
+        for c in range(dch):
+            d = tid + c * nt
+            if d < d_n:
+                for gg in range(g):
+                    tot = sl[gg]
+                    o_part[b, kh * g + gg, split, d] = acc[c * g + gg] / tot if tot > ZERO else ZERO
+        if tid < g:
+            tot = sl[tid]
+            lse[b, kh * g + tid, split] = sm[tid] + math.log(tot) if tot > ZERO else NEG_INF
+
+    return decode_kernel
+
+
+def decode_kernel(g, dp):
+    key = ("decode", g, dp)
+    if key not in _kernels:
+        _kernels[key] = make_decode_kernel(g, dp)
+    return _kernels[key]
+
+
+@cuda.jit(fastmath=FAST_MATH)
+def merge_kernel(o, o_part, lse):
+    # block = (b, h) flattened; threads over d: o = sum_s exp(lse_s - M) O_s / sum_s exp(lse_s - M)
+    h_n = o.shape[1]
+    b = cuda.blockIdx.x // h_n
+    h = cuda.blockIdx.x % h_n
+    s_n = lse.shape[2]
+    m = NEG_INF
+    for s in range(s_n):
+        m = max(m, lse[b, h, s])
+    for d in range(cuda.threadIdx.x, o.shape[2], cuda.blockDim.x):
+        if m == NEG_INF:
+            o[b, h, d] = ZERO
+            continue
+        tot = ZERO
+        acc = ZERO
+        for s in range(s_n):  # a fixed order: bitwise deterministic
+            w = math.exp(lse[b, h, s] - m)
+            tot += w
+            acc += w * o_part[b, h, s, d]
+        o[b, h, d] = acc / tot
+
+
+SIG_DEC = ("void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], float32[:, :, :, ::1], "
+           "float32[:, :, :, ::1], int32[::1], int64)")
+SIG_MERGE = "void(float32[:, :, ::1], float32[:, :, :, ::1], float32[:, :, ::1])"
+
+
+def _dp(d):
+    return max(32, ceil_div(d, 32) * 32)
+
+
+def _scratch(shape):
+    return cuda.device_array(shape, dtype=np.float32)
+
+
+_bufs: dict = {}
+
+
+def scratch(shape):
+    """Reused device buffers for the partial results (allocation is not part of the kernel)."""
+    buf = _bufs.get(shape)
+    if buf is None:
+        buf = _bufs[shape] = _scratch(shape)
+    return buf
+
+
+def n_splits(b_n, hkv, l_max, target_blocks=None):
+    """How many chunks: enough (b, kv head, chunk) blocks to fill the GPU ~4 times over, each chunk a
+    whole number of tiles."""
+    if target_blocks is None:
+        target_blocks = 32 if device.SIMULATED else 4 * device.cuda.get_current_device().MULTIPROCESSOR_COUNT
+    s = max(1, min(ceil_div(l_max, TILE), ceil_div(target_blocks, max(1, b_n * hkv))))
+    chunk = ceil_div(ceil_div(l_max, s), TILE) * TILE
+    return ceil_div(l_max, chunk), chunk
+
+
+def launch_decode(o_part, lse, q, k, v, lengths, splits, chunk):
+    b_n, hq, d = q.shape
+    hkv = k.shape[1]
+    decode_kernel(hq // hkv, _dp(d))[(splits, b_n * hkv), THREADS](o_part, lse, q, k, v, lengths, chunk)
+
+
+@register("decode_attention", "gpu", "block", rung=1, ptx=[(decode_kernel(4, 128), SIG_DEC)])
+def decode_attention_block(o, q, k, v, lengths):
+    """One block per (batch, kv head) walks all n rows: tiles of 32 K and V rows staged in shared
+    memory, scores for the group's G query heads, an online softmax across tiles. K and V are read
+    exactly once, but only B*Hkv blocks run: at B = 1, Hkv = 8 that is 8 of 132 SMs, so predict
+    ~8/132 of what a full GPU streams (a few % of copy bandwidth), and fine for large batches."""
+    b_n, hq, d = q.shape
+    l_max = k.shape[2]
+    lse = scratch((b_n, hq, 1))
+    launch_decode(o.reshape(b_n, hq, 1, d), lse, q, k, v, lengths, 1, max(1, l_max))
+
+
+@register("decode_attention", "gpu", "splitk", rung=2,
+          ptx=[(decode_kernel(4, 128), SIG_DEC), (merge_kernel, SIG_MERGE)])
+def decode_attention_splitk(o, q, k, v, lengths):
+    """Split-K (flash-decoding): the rows are cut into S chunks, so S * B * Hkv blocks (~4 per SM)
+    stream K and V; each writes its partial output and logsumexp, and a merge kernel combines them
+    in a fixed order. Predict most of copy bandwidth at B*Hkv << #SMs and long L (the partial
+    results are S*Hq*(D+1) floats: < 1 % of the cache at L = 32768)."""
+    b_n, hq, d = q.shape
+    s, chunk = n_splits(b_n, k.shape[1], k.shape[2])
+    o_part = scratch((b_n, hq, s, d))
+    lse = scratch((b_n, hq, s))
+    launch_decode(o_part, lse, q, k, v, lengths, s, chunk)
+    merge_kernel[b_n * hq, min(128, max(32, _dp(d)))](o, o_part, lse)
+
+
+@register("attn_merge", "gpu", "block", rung=1, ptx=[(merge_kernel, SIG_MERGE)])
+def attn_merge_gpu(o, o_part, lse):
+    """One block per (b, h), threads over D, chunks summed in a fixed order: the merge of rung 2."""
+    b_n, h, s, d = o_part.shape
+    if b_n * h:
+        merge_kernel[b_n * h, 32 if device.SIMULATED else 128](o, o_part, lse)
+
+
+# ------------------------------------------------------------------------------- torch baselines
+_len_cache: dict = {}
+
+
+def _host_lengths(lengths):
+    hit = _len_cache.get(id(lengths))
+    if hit is None or hit[0] is not lengths:
+        host = lengths.copy_to_host() if hasattr(lengths, "copy_to_host") else np.asarray(lengths)
+        hit = _len_cache[id(lengths)] = (lengths, [int(x) for x in host])
+    return hit[1]
+
+
+@register("decode_attention", "gpu", "sdpa", baseline=True, requires=torch_gpu)
+def decode_attention_sdpa(o, q, k, v, lengths):
+    """torch.nn.functional.scaled_dot_product_attention with enable_gqa=True, one call per distinct
+    sequence (one call in the benchmark: full caches), TF32 off; torch picks the backend."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    qt, kt, vt, ot = torch_view(q), torch_view(k), torch_view(v), torch_view(o)
+    ns = _host_lengths(lengths)
+    if all(n == kt.shape[2] for n in ns):
+        ot.copy_(F.scaled_dot_product_attention(qt[:, :, None], kt, vt, enable_gqa=True)[:, :, 0])
+        return
+    for b, n in enumerate(ns):
+        ot[b].copy_(F.scaled_dot_product_attention(qt[b:b + 1, :, None], kt[b:b + 1, :, :n], vt[b:b + 1, :, :n],
+                                                   enable_gqa=True)[0, :, 0])
+
+
+@register("decode_attention", "gpu", "matmul", baseline=True, requires=torch_gpu)
+def decode_attention_matmul(o, q, k, v, lengths):
+    """The grouped decode step in torch: (B,Hkv,G,D) @ (B,Hkv,D,L) scores, softmax, @ V (cuBLAS
+    batched GEMV-like matmuls; no copy of K or V for the group)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    qt, kt, vt, ot = torch_view(q), torch_view(k), torch_view(v), torch_view(o)
+    b_n, hq, d = qt.shape
+    hkv = kt.shape[1]
+    scale = 1.0 / math.sqrt(d)
+    ns = _host_lengths(lengths)
+    for b0, b1, n in ([(0, b_n, kt.shape[2])] if all(n == kt.shape[2] for n in ns)
+                      else [(b, b + 1, n) for b, n in enumerate(ns)]):
+        qg = qt[b0:b1].view(b1 - b0, hkv, hq // hkv, d)
+        s = torch.matmul(qg, kt[b0:b1, :, :n].transpose(-1, -2)) * scale
+        ot[b0:b1].copy_(torch.matmul(torch.softmax(s, dim=-1), vt[b0:b1, :, :n]).view(b1 - b0, hq, d))
