@@ -1,0 +1,1378 @@
+"""Scaled dot-product attention, forward and backward (chapter 9).
+
+Shapes (letters fixed for the whole chapter):
+    Q (B,H,S,D)        queries: B sequences, H query heads, S query positions, head size D
+    K, V (B,Hkv,T,D)   keys and values: Hkv key/value heads, T key positions
+    kv_len (B,) int32  key-padding mask: keys j >= kv_len[b] do not exist for sequence b
+    causal (int 0/1)   causal mask, aligned bottom-right: query i sees key j iff j <= i + (T - S)
+                       (S = T: the usual lower triangle; S = 1: one decode step sees every key)
+    -> O (B,H,S,D), L (B,H,S)
+
+Grouped-query attention (GQA): H = g * Hkv, and query head h reads key/value head h // g. Hkv = H is
+multi-head attention; Hkv = 1 is multi-query attention. GQA exists to shrink K and V (and the KV cache)
+by g while keeping H query heads.
+
+Math, per (b, h), with scale = 1/sqrt(D) and "visible(i, j)" the two masks:
+    s_ij = scale * q_i . k_j            (-inf where not visible)      scores (S,T)
+    L_i  = log sum_j exp(s_ij)          the per-row logsumexp          (S,)
+    P_ij = exp(s_ij - L_i)              softmax of each row            (S,T)
+    O_i  = sum_j P_ij v_j                                                (S,D)
+A fully masked row (no visible key) has no softmax: it is DEFINED as O_i = 0 and L_i = -inf, the
+convention of chapter 8's softmax, so no NaN reaches the next layer.
+
+Cost: 4*D FLOPs per visible (i, j) pair per head (2D for q.k, 2D for P v): 4*S*T*D per head without
+masks, about half that with a causal mask. Bytes that must move: Q, K, V and O once (plus L) -- the S x T
+score matrix never has to. That is the whole point of the chapter: at S = T = 2048, H = 16, B = 4 the
+scores are 1 GiB in float32, while Q, K, V and O together are 128 MiB.
+
+Backward (FlashAttention-2 structure), given dO (B,H,S,D), Q, K, V, O and L:
+    Dr_i  = sum_d dO_id * O_id                     (B,H,S)   one dot per row, once
+    P_ij  = exp(s_ij - L_i)                        recomputed from the saved L: no S x T buffer
+    dV_j  = sum_i P_ij dO_i                        summed over the g query heads of the group too
+    dP_ij = dO_i . v_j
+    dS_ij = P_ij (dP_ij - Dr_i)
+    dQ_i  = scale * sum_j dS_ij k_j
+    dK_j  = scale * sum_i dS_ij q_i                summed over the group's heads
+Useful FLOPs: 8*D per visible pair per head (four matrix products; a flash backward recomputes the
+fifth, Q K^T). One kernel owns a tile of keys and loops over every query tile (and every head of its
+group) to build dK and dV; another owns a tile of queries and loops over keys for dQ. Each output
+element is written by exactly one thread: no atomics, so the result is bitwise reproducible.
+
+Size tuple (what the registry, bench and tests pass around): (B, H, Hkv, S, T, D, mask) with
+mask = 0 none, 1 causal, 2 key padding, 3 causal + key padding. make_inputs turns it into
+(Q, K, V, kv_len, causal); with padding, kv_len is 2T/3 for even b and T for odd b.
+
+Ladder (forward; op ``attention``)
+  cpu/naive        rung 1   per (b, h) the S x T score matrix materialized, then softmax, then P V
+  cpu/online       rung 2   one query row at a time, online softmax over the keys: O(D) extra memory
+  cpu/prange       rung 3   rung 2 with (b, h, row block) spread over the cores
+  cpu/blocked      rung 4   16 query rows x 64-key tiles: each K/V tile is reused by 16 rows from cache
+  gpu/three_kernels rung 1  scores (tiled GEMM) -> DRAM -> softmax -> DRAM -> P V (tiled GEMM)
+  gpu/row          rung 2   one block per query row, online softmax: no S x T buffer at all
+  gpu/flash        rung 3   Br x Bc flash tiling, running max/sum/unnormalized O in registers
+  gpu/flash_causal rung 4   rung 3 that never loads tiles above the causal diagonal (or past kv_len)
+  gpu/flash_tuned  rung 5   rung 4 with the tile shape chosen per head size D
+  gpu/sdpa_math    baseline torch SDPA, math backend, TF32 off
+  gpu/sdpa_default baseline torch SDPA as a user calls it (fp32: the memory-efficient backend)
+Backward (op ``attention_bwd``): cpu/prange, gpu/flash2 (pre-pass + dK/dV kernel + dQ kernel), and
+the torch autograd baselines sdpa_math / sdpa_default.
+
+The torch baselines produce O through F.scaled_dot_product_attention, exactly as a user calls it.
+SDPA does not return L, so for ``kernels check`` they also compute L (and zero fully masked rows)
+with extra torch work. With the environment variable KERNELS_SDPA_O_ONLY=1 (set for benchmarks) they
+skip that extra work, so the timings are those of SDPA itself (their L is then not written).
+
+Other ops here: ``attention_scores`` (the masked, scaled score matrix: the first kernel of gpu rung 1,
+and an exercise) and ``attention_bwd_dv`` (dV alone: an exercise).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from numba import float32, njit, prange
+
+from .. import device
+from ..device import ceil_div, cuda
+from ..registry import define_op, register
+from .reductions import FAST_MATH, NEG_INF, ONE, ZERO, block_max_smem, block_sum_smem, torch_gpu, torch_view
+from .softmax import block_online_smem
+
+MASKS = {0: "none", 1: "causal", 2: "padding", 3: "causal+padding"}
+
+
+# --------------------------------------------------------------------------------------- reference
+def kv_lengths(B, T, mask):
+    """The key-padding pattern of make_inputs: 2T/3 valid keys for even b, all T for odd b."""
+    if mask & 2:
+        return np.array([max(1, (2 * T) // 3) if b % 2 == 0 else T for b in range(B)], dtype=np.int32)
+    return np.full(B, T, dtype=np.int32)
+
+
+def visible(S, T, kv_len, causal):
+    """Boolean (B,1,S,T): may query i attend to key j? Padding: j < kv_len[b]; causal: j <= i + T - S."""
+    j = np.arange(T)[None, None, None, :]
+    ok = j < np.asarray(kv_len).reshape(-1, 1, 1, 1)
+    if causal:
+        i = np.arange(S)[None, None, :, None]
+        ok = ok & (j <= i + (T - S))
+    return ok
+
+
+def scores_reference(q, k, v, kv_len, causal):
+    """float64: s = Q K^T / sqrt(D) with -inf where masked; (B,H,S,T). K, V repeated over each group."""
+    B, H, S, D = q.shape
+    g = H // k.shape[1]
+    kk = np.repeat(k, g, axis=1)
+    s = np.einsum("bhsd,bhtd->bhst", q, kk) / np.sqrt(D)
+    return np.where(visible(S, k.shape[2], kv_len, causal), s, -np.inf)
+
+
+def reference(q, k, v, kv_len, causal):
+    """float64 oracle: (O, L). Fully masked rows: O = 0, L = -inf."""
+    g = q.shape[1] // k.shape[1]
+    s = scores_reference(q, k, v, kv_len, causal)
+    m = np.max(s, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)  # exp(-inf) = 0 on masked entries
+    l = np.sum(e, axis=-1, keepdims=True)
+    vv = np.repeat(v, g, axis=1)
+    o = np.einsum("bhst,bhtd->bhsd", e, vv) / np.where(l > 0, l, 1.0)
+    lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)[..., 0]
+    return o, lse
+
+
+def reference_bwd(do, q, k, v, o, lse, kv_len, causal):
+    """float64 oracle: (dQ, dK, dV), recomputed from Q, K, V in float64 (the given O and L are only
+    float32 roundings of the exact ones, which the kernels use)."""
+    B, H, S, D = q.shape
+    Hkv = k.shape[1]
+    g = H // Hkv
+    s = scores_reference(q, k, v, kv_len, causal)
+    o64, l64 = reference(q, k, v, kv_len, causal)
+    p = np.where(np.isfinite(l64)[..., None], np.exp(s - np.where(np.isfinite(l64), l64, 0.0)[..., None]), 0.0)
+    kk, vv = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    dv = np.einsum("bhst,bhsd->bhtd", p, do)
+    dp = np.einsum("bhsd,bhtd->bhst", do, vv)
+    dr = np.sum(do * o64, axis=-1, keepdims=True)
+    ds = p * (dp - dr) / np.sqrt(D)
+    dq = np.einsum("bhst,bhtd->bhsd", ds, kk)
+    dk = np.einsum("bhst,bhsd->bhtd", ds, q)
+    fold = lambda x: x.reshape(B, Hkv, g, *x.shape[2:]).sum(axis=2)  # noqa: E731  sum over the group
+    return dq, fold(dk), fold(dv)
+
+
+def make_inputs(size, dtype, rng):
+    """Q, K, V ~ N(0, 1) (scores ~ N(0, 1) after the 1/sqrt(D) scale), kv_len from the mask code."""
+    B, H, Hkv, S, T, D, mask = size
+    q = rng.standard_normal((B, H, S, D)).astype(dtype)
+    k = rng.standard_normal((B, Hkv, T, D)).astype(dtype)
+    v = rng.standard_normal((B, Hkv, T, D)).astype(dtype)
+    return q, k, v, kv_lengths(B, T, mask), int(mask & 1)
+
+
+def make_edge_inputs(size, dtype, rng):
+    """Rows attention must survive: scaled logits near +1e4 and near -1e4 on every key (exp overflows
+    or underflows to 0/0 unless the running max is subtracted), exact ties (built from +-1 patterns, so
+    the float32 dot products are exact), and fully masked rows (kv_len = 0 for b = 1 mod 3).
+    Q rows cycle: +c*u, -c*u, N(0,1); K rows are u with 0-2 signs flipped; c = 1e4/sqrt(D)."""
+    B, H, Hkv, S, T, D, mask = size
+    c = float(round(1e4 / math.sqrt(D)))
+    u = np.where(rng.random(D) < 0.5, -1.0, 1.0)
+    q = rng.standard_normal((B, H, S, D))
+    q[:, :, 0::3] = c * u
+    q[:, :, 1::3] = -c * u
+    k = np.broadcast_to(u, (B, Hkv, T, D)).copy()
+    for idx in np.ndindex(B, Hkv, T):
+        for f in rng.choice(D, size=int(rng.integers(0, 3)), replace=False):
+            k[idx + (f,)] *= -1
+    v = rng.standard_normal((B, Hkv, T, D))
+    kv = kv_lengths(B, T, mask)
+    kv[1::3] = 0
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype), kv, int(mask & 1)
+
+
+def make_inputs_bwd(size, dtype, rng, edge=False):
+    q, k, v, kv, causal = (make_edge_inputs if edge else make_inputs)(size, dtype, rng)
+    o, lse = reference(*(a.astype(np.float64) for a in (q, k, v)), kv, causal)
+    do = rng.standard_normal(o.shape).astype(dtype)
+    return do, q, k, v, o.astype(dtype), lse.astype(dtype), kv, causal
+
+
+def make_edge_inputs_bwd(size, dtype, rng):
+    return make_inputs_bwd(size, dtype, rng, edge=True)
+
+
+def visible_pairs(size):
+    """Number of visible (i, j) pairs of one head of each sequence, summed over b."""
+    B, H, Hkv, S, T, D, mask = size
+    n = 0
+    for kv in kv_lengths(B, T, mask):
+        if mask & 1:
+            lim = np.minimum(np.arange(S) + (T - S) + 1, kv)
+            n += int(np.clip(lim, 0, None).sum())
+        else:
+            n += S * int(kv)
+    return n
+
+
+def _flops(size):
+    return 4 * size[5] * size[1] * visible_pairs(size)
+
+
+def _bytes(size, b):
+    B, H, Hkv, S, T, D, _ = size
+    return (2 * B * H * S * D + 2 * B * Hkv * T * D + B * H * S) * b
+
+
+def _bytes_bwd(size, b):
+    B, H, Hkv, S, T, D, _ = size
+    return (4 * B * H * S * D + 4 * B * Hkv * T * D + B * H * S) * b
+
+
+def tol(size, dtype):
+    """O is a convex combination of V rows (|O| <~ 3): errors come from the D-term dots (~sqrt(D) eps
+    in the logits, so a relative error of that size in each weight) and the T-term sums; with the GPU's
+    fast exp (2 ulp) we see ~1e-6. L is ~log T + max logit. Allowing 1e-4 relative + 2e-5 absolute
+    leaves ~10x margin on the normal inputs and still fails a dropped key (an O(1/T) change)."""
+    return (1e-4, 2e-5) if np.dtype(dtype) == np.float32 else (1e-10, 1e-12)
+
+
+def tol_bwd(size, dtype):
+    """dK, dV sum over S queries (and g heads): the absolute error grows like sqrt(S*g) eps times the
+    terms. The edge inputs (logits ~1e4, where float32 L itself is rounded to ~1e-3) recompute P with a
+    relative error ~1e-3; 2e-3 relative + 2e-4 absolute passes them and still fails any missing term."""
+    return (2e-3, 2e-4) if np.dtype(dtype) == np.float32 else (1e-9, 1e-10)
+
+
+SIZES = {
+    # (B, H, Hkv, S, T, D, mask): 1s, primes, S != T both ways, GQA (g = 2, 3, 4), S = 1 decode, every
+    # head size, every mask, T never a multiple of a tile. No causal row sees zero keys here (S > T
+    # only without the causal mask): fully masked rows are the edge inputs' job.
+    "check": [(1, 1, 1, 1, 1, 16, 0), (2, 3, 3, 37, 37, 16, 1), (1, 4, 2, 5, 41, 32, 0),
+              (2, 2, 1, 67, 67, 64, 3), (1, 2, 2, 1, 130, 128, 1), (3, 2, 2, 70, 67, 64, 2),
+              (1, 6, 2, 131, 257, 64, 1), (2, 4, 1, 33, 71, 128, 0)],
+    "check_sim": [(1, 1, 1, 1, 1, 16, 0), (1, 2, 1, 5, 7, 16, 1), (2, 2, 2, 3, 9, 16, 2),
+                  (1, 3, 3, 9, 9, 16, 3)],
+    "bench": [(1, 4, 4, 256, 256, 64, 0), (1, 4, 4, 256, 256, 64, 1)],
+    "bench_gpu": [(4, 16, 16, 2048, 2048, 64, 0), (4, 16, 16, 2048, 2048, 64, 1)],
+    "bench_sim": [(1, 2, 1, 5, 7, 16, 1)],
+}
+SIZE_NAMES = ("B", "H", "Hkv", "S", "T", "D", "mask")
+
+define_op("attention", reference=reference, make_inputs=make_inputs, chapter=9,
+          title="scaled dot-product attention (O, L)", size_names=SIZE_NAMES, kind="compute", tol=tol,
+          output_names=("O", "L"), sizes=SIZES, flops=_flops, bytes=_bytes)
+define_op("attention_bwd", reference=reference_bwd, make_inputs=make_inputs_bwd, chapter=9,
+          title="attention backward (dQ, dK, dV)", size_names=SIZE_NAMES, kind="compute", tol=tol_bwd,
+          output_names=("dQ", "dK", "dV"), sizes=SIZES,
+          flops=lambda s: 2 * _flops(s), bytes=_bytes_bwd)
+define_op("attention_scores", reference=scores_reference, make_inputs=make_inputs, chapter=9,
+          title="masked scaled scores Q K^T / sqrt(D)", size_names=SIZE_NAMES, kind="memory",
+          tol=lambda s, d: (1e-5, 1e-5 * math.sqrt(s[5])) if np.dtype(d) == np.float32 else (1e-10, 1e-12),
+          output_names=("scores",), sizes={k: v for k, v in SIZES.items() if k != "bench_gpu"},
+          flops=lambda s: 2 * s[0] * s[1] * s[3] * s[4] * s[5],
+          bytes=lambda s, b: (s[0] * s[1] * s[3] * (s[4] + s[5]) + s[0] * s[2] * s[4] * s[5]) * b)
+
+
+def _reference_dv(do, q, k, v, o, lse, kv_len, causal):
+    return reference_bwd(do, q, k, v, o, lse, kv_len, causal)[2]
+
+
+define_op("attention_bwd_dv", reference=_reference_dv, make_inputs=make_inputs_bwd, chapter=9,
+          title="attention backward, dV only", size_names=SIZE_NAMES, kind="compute", tol=tol_bwd,
+          output_names=("dV",), sizes={k: v for k, v in SIZES.items() if k != "bench_gpu"},
+          flops=lambda s: _flops(s), bytes=lambda s, b: _bytes_bwd(s, b) // 2)
+
+
+# --------------------------------------------------------------------------------------------- CPU
+@njit(cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _naive_cpu(o, lse, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    g = H // k.shape[1]
+    scale = np.float32(1.0 / math.sqrt(D))
+    sc = np.empty((S, T), dtype=np.float32)  # the score matrix of one head, materialized
+    for b in range(B):
+        for h in range(H):
+            hk = h // g
+            for i in range(S):
+                lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+                for j in range(T):
+                    if j < lim:
+                        acc = np.float32(0.0)
+                        for d in range(D):
+                            acc += q[b, h, i, d] * k[b, hk, j, d]
+                        sc[i, j] = acc * scale
+                    else:
+                        sc[i, j] = -np.inf
+            for i in range(S):
+                m = np.float32(-np.inf)
+                for j in range(T):
+                    m = max(m, sc[i, j])
+                if m == -np.inf:  # fully masked row: O = 0, L = -inf
+                    o[b, h, i, :] = 0.0
+                    lse[b, h, i] = -np.inf
+                    continue
+                s = np.float32(0.0)
+                for j in range(T):
+                    e = np.exp(sc[i, j] - m)
+                    sc[i, j] = e
+                    s += e
+                inv = np.float32(1.0) / s
+                for d in range(D):
+                    o[b, h, i, d] = 0.0
+                for j in range(T):
+                    p = sc[i, j] * inv
+                    for d in range(D):
+                        o[b, h, i, d] += p * v[b, hk, j, d]
+                lse[b, h, i] = m + np.log(s)
+
+
+@register("attention", "cpu", "naive", rung=1)
+def attention_naive_cpu(o, lse, q, k, v, kv_len, causal):
+    """The formula as written: per head an S x T score buffer, a softmax over its rows, then P V.
+
+    Memory traffic per head: S*T floats written and read twice on top of Q, K, V, O. At S = T = 256
+    the buffer (256 KiB) still fits in L2, so predict ~1 GFLOP/s-class speed limited by the scalar
+    loops, not by the buffer; at S = T = 16384 it would be 1 GiB per head."""
+    _naive_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+@njit(cache=True, error_model="numpy", fastmath=FAST_MATH, inline="always")
+def _online_row(o, lse, q, k, v, kv_len, causal, b, h, i, acc):
+    S, D = q.shape[2], q.shape[3]
+    T = k.shape[2]
+    hk = h // (q.shape[1] // k.shape[1])
+    scale = np.float32(1.0 / math.sqrt(D))
+    lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+    m = np.float32(-np.inf)
+    s = np.float32(0.0)
+    for d in range(D):
+        acc[d] = 0.0
+    for j in range(lim):
+        x = np.float32(0.0)
+        for d in range(D):
+            x += q[b, h, i, d] * k[b, hk, j, d]
+        x *= scale
+        if x > m:  # a new maximum: rescale what has been summed so far
+            a = np.exp(m - x)
+            s = s * a + np.float32(1.0)
+            for d in range(D):
+                acc[d] = acc[d] * a + v[b, hk, j, d]
+            m = x
+        else:
+            p = np.exp(x - m)
+            s += p
+            for d in range(D):
+                acc[d] += p * v[b, hk, j, d]
+    if s > 0:
+        inv = np.float32(1.0) / s
+        for d in range(D):
+            o[b, h, i, d] = acc[d] * inv
+        lse[b, h, i] = m + np.log(s)
+    else:
+        for d in range(D):
+            o[b, h, i, d] = 0.0
+        lse[b, h, i] = -np.inf
+
+
+@njit(cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _online_cpu(o, lse, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    acc = np.empty(D, dtype=np.float32)
+    for b in range(B):
+        for h in range(H):
+            for i in range(S):
+                _online_row(o, lse, q, k, v, kv_len, causal, b, h, i, acc)
+
+
+@register("attention", "cpu", "online", rung=2)
+def attention_online_cpu(o, lse, q, k, v, kv_len, causal):
+    """One query row at a time with online softmax: a running max m, sum s and unnormalized output
+    (D floats) replace the S x T buffer; keys past the mask are never even visited.
+
+    Same FLOPs as rung 1 (fewer with a causal mask: the loop stops at the diagonal), no S*T traffic.
+    Predict ~1x rung 1 without a mask (both are bound by the scalar dot products) and ~2x with causal."""
+    _online_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+ROWS_PER_TASK = 16
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _prange_cpu(o, lse, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    nblk = (S + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for t in prange(B * H * nblk):
+        b = t // (H * nblk)
+        h = (t // nblk) % H
+        r0 = (t % nblk) * ROWS_PER_TASK
+        acc = np.empty(D, dtype=np.float32)
+        for i in range(r0, min(S, r0 + ROWS_PER_TASK)):
+            _online_row(o, lse, q, k, v, kv_len, causal, b, h, i, acc)
+
+
+@register("attention", "cpu", "prange", rung=3)
+def attention_prange_cpu(o, lse, q, k, v, kv_len, causal):
+    """Rung 2 with (b, h, block of 16 rows) spread over the cores with prange.
+
+    Rows are independent, and 16-row tasks balance the causal triangle (late rows have more keys).
+    Predict ~cores x rung 2 (2x on this 2-core machine)."""
+    _prange_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+BR_CPU, BC_CPU = 16, 64
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _blocked_cpu(o, lse, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    g = H // k.shape[1]
+    scale = np.float32(1.0 / math.sqrt(D))
+    nblk = (S + BR_CPU - 1) // BR_CPU
+    for t in prange(B * H * nblk):
+        b = t // (H * nblk)
+        h = (t // nblk) % H
+        hk = h // g
+        r0 = (t % nblk) * BR_CPU
+        r1 = min(S, r0 + BR_CPU)
+        m = np.full(BR_CPU, -np.inf, dtype=np.float32)
+        s = np.zeros(BR_CPU, dtype=np.float32)
+        acc = np.zeros((BR_CPU, D), dtype=np.float32)
+        sc = np.empty(BC_CPU, dtype=np.float32)
+        qs = np.empty((BR_CPU, D), dtype=np.float32)
+        for i in range(r0, r1):
+            for d in range(D):
+                qs[i - r0, d] = q[b, h, i, d] * scale
+        last = min(kv_len[b], r1 - 1 + T - S + 1) if causal else kv_len[b]  # keys any row of the block sees
+        for j0 in range(0, max(last, 0), BC_CPU):  # this K/V tile (64 x D floats) stays in L1/L2 for 16 rows
+            j1 = min(last, j0 + BC_CPU)
+            for i in range(r0, r1):
+                r = i - r0
+                lim = min(j1, i + T - S + 1) if causal else j1
+                if lim <= j0:
+                    continue
+                mt = m[r]
+                for j in range(j0, lim):
+                    x = np.float32(0.0)
+                    for d in range(D):
+                        x += qs[r, d] * k[b, hk, j, d]
+                    sc[j - j0] = x
+                    mt = max(mt, x)
+                a = np.exp(m[r] - mt)  # one rescale per tile, not per key
+                st = np.float32(0.0)
+                for d in range(D):
+                    acc[r, d] *= a
+                for j in range(j0, lim):
+                    p = np.exp(sc[j - j0] - mt)
+                    st += p
+                    for d in range(D):
+                        acc[r, d] += p * v[b, hk, j, d]
+                s[r] = s[r] * a + st
+                m[r] = mt
+        for i in range(r0, r1):
+            r = i - r0
+            if s[r] > 0:
+                inv = np.float32(1.0) / s[r]
+                for d in range(D):
+                    o[b, h, i, d] = acc[r, d] * inv
+                lse[b, h, i] = m[r] + np.log(s[r])
+            else:
+                for d in range(D):
+                    o[b, h, i, d] = 0.0
+                lse[b, h, i] = -np.inf
+
+
+@register("attention", "cpu", "blocked", rung=4)
+def attention_blocked_cpu(o, lse, q, k, v, kv_len, causal):
+    """Rung 3 blocked: 16 query rows share each 64-key tile of K and V while it sits in cache, and the
+    online rescale happens once per tile instead of once per new maximum.
+
+    K and V are read from memory S/16 times instead of S times. At small S everything fits in cache
+    anyway, so predict a modest gain (~1.2-1.5x rung 3) from the cheaper rescaling and reuse."""
+    _blocked_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+@njit(cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _scores_cpu(sc, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    g = H // k.shape[1]
+    scale = np.float32(1.0 / math.sqrt(D))
+    for b in range(B):
+        for h in range(H):
+            for i in range(S):
+                lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+                for j in range(T):
+                    if j < lim:
+                        x = np.float32(0.0)
+                        for d in range(D):
+                            x += q[b, h, i, d] * k[b, h // g, j, d]
+                        sc[b, h, i, j] = x * scale
+                    else:
+                        sc[b, h, i, j] = -np.inf
+
+
+@register("attention_scores", "cpu", "loop", rung=1)
+def attention_scores_cpu(sc, q, k, v, kv_len, causal):
+    """Three loops and a mask test: s_ij = q_i . k_j / sqrt(D), -inf where not visible."""
+    _scores_cpu(sc, q, k, v, kv_len, causal)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _bwd_cpu(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal, want_dq):
+    B, H, S, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    g = H // Hkv
+    scale = np.float32(1.0 / math.sqrt(D))
+    for t in prange(B * Hkv):  # one task per (b, kv head): it owns dK and dV of that head, no races
+        b = t // Hkv
+        hk = t % Hkv
+        for j in range(T):
+            for d in range(D):
+                dk[b, hk, j, d] = 0.0
+                dv[b, hk, j, d] = 0.0
+        for h in range(hk * g, (hk + 1) * g):
+            for i in range(S):
+                dr = np.float32(0.0)
+                for d in range(D):
+                    dr += do[b, h, i, d] * o[b, h, i, d]
+                    if want_dq:
+                        dq[b, h, i, d] = 0.0
+                li = lse[b, h, i]
+                if li == -np.inf:
+                    continue
+                lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+                for j in range(lim):
+                    x = np.float32(0.0)
+                    dp = np.float32(0.0)
+                    for d in range(D):
+                        x += q[b, h, i, d] * k[b, hk, j, d]
+                        dp += do[b, h, i, d] * v[b, hk, j, d]
+                    p = np.exp(x * scale - li)  # P recomputed from the saved L
+                    ds = p * (dp - dr) * scale
+                    for d in range(D):
+                        dv[b, hk, j, d] += p * do[b, h, i, d]
+                        dk[b, hk, j, d] += ds * q[b, h, i, d]
+                        if want_dq:
+                            dq[b, h, i, d] += ds * k[b, hk, j, d]
+
+
+@register("attention_bwd", "cpu", "prange", rung=1)
+def attention_bwd_cpu(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal):
+    """One pass over the visible (i, j) pairs per (b, kv head) task: P recomputed from L, then dV, dK
+    and dQ accumulated. Tasks own disjoint outputs, so prange needs no atomics."""
+    _bwd_cpu(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal, True)
+
+
+@register("attention_bwd_dv", "cpu", "prange", rung=1)
+def attention_bwd_dv_cpu(dv, do, q, k, v, o, lse, kv_len, causal):
+    """The dV part of the backward: dV_j = sum_i exp(s_ij - L_i) dO_i, over the group's heads."""
+    dk = np.empty_like(dv)
+    _bwd_cpu(dk, dk, dv, do, q, k, v, o, lse, kv_len, causal, False)
+
+
+# ------------------------------------------------------------------------------------------ GPU
+def _jit(threads=None):
+    kw = {"fastmath": FAST_MATH}
+    if threads is not None and not device.SIMULATED:
+        kw["launch_bounds"] = threads
+    return cuda.jit(**kw)
+
+
+_cache: dict = {}
+
+
+def _cached(key, make):
+    if key not in _cache:
+        _cache[key] = make()
+    return _cache[key]
+
+
+SIG_FWD = ("void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], "
+           "float32[:, :, :, ::1], int32[::1], int64)")
+SIG_SCORES = ("void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], int32[::1], int64)")
+TILE = 16  # rung 1's GEMM tiles (chapter 5's shared-memory rung, batched over (b, h))
+TILE_P = TILE + 1  # padded shared rows (a literal: shared-array shapes must be compile-time constants)
+
+
+def make_scores_kernel(D):
+    scale = np.float32(1.0 / math.sqrt(D))
+
+    @_jit(TILE * TILE)
+    def attention_scores_kernel(sc, q, k, kv_len, causal):
+        # q (B,H,S,D), k (B,Hkv,T,D) -> sc (B,H,S,T): one TILE x TILE tile of one head per block
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        H, S = q.shape[1], q.shape[2]
+        T = k.shape[2]
+        z = cuda.blockIdx.z
+        b = z // H
+        h = z % H
+        hk = h // (H // k.shape[1])
+        i = cuda.blockIdx.y * TILE + ty
+        j0 = cuda.blockIdx.x * TILE
+        Qs = cuda.shared.array((TILE, TILE_P), float32)
+        Ks = cuda.shared.array((TILE, TILE_P), float32)
+        acc = ZERO
+        for d0 in range(0, D, TILE):
+            Qs[ty, tx] = q[b, h, i, d0 + tx] if i < S and d0 + tx < D else ZERO
+            jj = j0 + ty
+            Ks[ty, tx] = k[b, hk, jj, d0 + tx] if jj < T and d0 + tx < D else ZERO
+            cuda.syncthreads()
+            for dd in range(TILE):
+                acc += Qs[ty, dd] * Ks[tx, dd]
+            cuda.syncthreads()
+        j = j0 + tx
+        if i < S and j < T:
+            lim = kv_len[b]
+            if causal:
+                lim = min(lim, i + T - S + 1)
+            sc[b, h, i, j] = acc * scale if j < lim else NEG_INF
+
+    return attention_scores_kernel
+
+
+def scores_kernel(D):
+    return _cached(("scores", D), lambda: make_scores_kernel(D))
+
+
+def _launch_scores(sc, q, k, kv_len, causal):
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    scores_kernel(D)[(ceil_div(T, TILE), ceil_div(S, TILE), B * H), (TILE, TILE)](sc, q, k, kv_len, causal)
+
+
+@register("attention_scores", "gpu", "tiled", rung=1, ptx=[(scores_kernel(64), SIG_SCORES)])
+def attention_scores_gpu(sc, q, k, v, kv_len, causal):
+    """Chapter 5's shared-memory GEMM, batched over (b, h), with the scale and the mask applied at the
+    store: the S x T score matrix goes to DRAM (B*H*S*T*4 bytes)."""
+    _launch_scores(sc, q, k, kv_len, causal)
+
+
+SM_THREADS = 128
+
+
+@_jit(SM_THREADS)
+def attention_softmax_kernel(sc, lse):
+    # sc (B,H,S,T) scores -> probabilities in place; lse (B,H,S). One block per row.
+    bm = cuda.shared.array(SM_THREADS, float32)
+    bs = cuda.shared.array(SM_THREADS, float32)
+    H, S, T = sc.shape[1], sc.shape[2], sc.shape[3]
+    r = cuda.blockIdx.x
+    b = r // (H * S)
+    h = (r // S) % H
+    i = r % S
+    tid = cuda.threadIdx.x
+    m = NEG_INF
+    s = ZERO
+    for c in range(tid, T, SM_THREADS):
+        x = sc[b, h, i, c]
+        if x > m:
+            s = s * math.exp(m - x) + ONE
+            m = x
+        elif x > NEG_INF:
+            s += math.exp(x - m)
+    mx, tot = block_online_smem(m, s, bm, bs)
+    ms = mx if mx != NEG_INF else ZERO
+    inv = ONE / tot if tot > ZERO else ZERO
+    for c in range(tid, T, SM_THREADS):
+        sc[b, h, i, c] = math.exp(sc[b, h, i, c] - ms) * inv
+    if tid == 0:
+        lse[b, h, i] = mx + math.log(tot) if tot > ZERO else NEG_INF
+
+
+@_jit(TILE * TILE)
+def attention_pv_kernel(o, p, v):
+    # p (B,H,S,T) @ v (B,Hkv,T,D) -> o (B,H,S,D): one TILE x TILE tile of O per block
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    H, S, T = p.shape[1], p.shape[2], p.shape[3]
+    D = v.shape[3]
+    z = cuda.blockIdx.z
+    b = z // H
+    h = z % H
+    hk = h // (H // v.shape[1])
+    i = cuda.blockIdx.y * TILE + ty
+    d = cuda.blockIdx.x * TILE + tx
+    Ps = cuda.shared.array((TILE, TILE_P), float32)
+    Vs = cuda.shared.array((TILE, TILE_P), float32)
+    acc = ZERO
+    for j0 in range(0, T, TILE):
+        Ps[ty, tx] = p[b, h, i, j0 + tx] if i < S and j0 + tx < T else ZERO
+        Vs[ty, tx] = v[b, hk, j0 + ty, d] if j0 + ty < T and d < D else ZERO
+        cuda.syncthreads()
+        for jj in range(TILE):
+            acc += Ps[ty, jj] * Vs[jj, tx]
+        cuda.syncthreads()
+    if i < S and d < D:
+        o[b, h, i, d] = acc
+
+
+_workspace: dict = {}
+
+
+def workspace(shape):
+    """Rung 1's score buffer, kept between calls like a caching allocator would (free_workspace())."""
+    buf = _workspace.get("scores")
+    if buf is None or buf.shape != tuple(shape):
+        _workspace.clear()
+        buf = _workspace["scores"] = cuda.device_array(shape, dtype=np.float32)
+    return buf
+
+
+def free_workspace():
+    _workspace.clear()
+
+
+@register("attention", "gpu", "three_kernels", rung=1,
+          ptx=[(scores_kernel(64), SIG_SCORES),
+               (attention_softmax_kernel, "void(float32[:, :, :, ::1], float32[:, :, ::1])"),
+               (attention_pv_kernel, "void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1])")])
+def attention_three_kernels(o, lse, q, k, v, kv_len, causal):
+    """Three kernels through DRAM: scores (tiled GEMM) -> softmax in place -> P V (tiled GEMM).
+
+    The S x T matrix is written once and read three times (softmax twice, P V once): at B=4, H=16,
+    S=T=2048 that is 4 GiB of traffic, ~1.5 ms at 2.9 TB/s, on top of two 16x16-tile GEMMs that chapter
+    5 measured at ~15 % of cuBLAS. Predict ~10 TFLOP/s-equivalent at best, and O(S*T) memory."""
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    sc = workspace((B, H, S, T))
+    _launch_scores(sc, q, k, kv_len, causal)
+    attention_softmax_kernel[B * H * S, SM_THREADS](sc, lse)
+    attention_pv_kernel[(ceil_div(D, TILE), ceil_div(S, TILE), B * H), (TILE, TILE)](o, sc, v)
+
+
+ROW_THREADS = 64
+
+
+def make_row_kernel(D):
+    scale = np.float32(1.0 / math.sqrt(D))
+    NT = ROW_THREADS
+
+    @_jit(NT)
+    def attention_row_kernel(o, lse, q, k, v, kv_len, causal):
+        # one block per query row (b, h, i); thread t takes keys t, t+NT, ... with its own online state
+        qs = cuda.shared.array(D, float32)
+        red = cuda.shared.array((NT, D), float32)
+        bm = cuda.shared.array(NT, float32)
+        tid = cuda.threadIdx.x
+        H, S = q.shape[1], q.shape[2]
+        T = k.shape[2]
+        i = cuda.blockIdx.x
+        b = cuda.blockIdx.y // H
+        h = cuda.blockIdx.y % H
+        hk = h // (H // k.shape[1])
+        for d in range(tid, D, NT):
+            qs[d] = q[b, h, i, d] * scale
+        cuda.syncthreads()
+        lim = kv_len[b]
+        if causal:
+            lim = min(lim, i + T - S + 1)
+        acc = cuda.local.array(D, float32)
+        for d in range(D):
+            acc[d] = ZERO
+        m = NEG_INF
+        s = ZERO
+        for j in range(tid, lim, NT):
+            x = ZERO
+            for d in range(D):
+                x += qs[d] * k[b, hk, j, d]
+            mn = max(m, x)
+            a = math.exp(m - mn)
+            p = math.exp(x - mn)
+            s = s * a + p
+            for d in range(D):
+                acc[d] = acc[d] * a + p * v[b, hk, j, d]
+            m = mn
+        mx = block_max_smem(m, bm)  # the row's max over all threads
+        a = math.exp(m - mx) if m != NEG_INF else ZERO
+        for d in range(D):
+            red[tid, d] = acc[d] * a
+        tot = block_sum_smem(s * a, bm)
+        for d in range(tid, D, NT):
+            x = ZERO
+            for t in range(NT):
+                x += red[t, d]
+            o[b, h, i, d] = x / tot if tot > ZERO else ZERO
+        if tid == 0:
+            lse[b, h, i] = mx + math.log(tot) if tot > ZERO else NEG_INF
+
+    return attention_row_kernel
+
+
+def row_kernel(D):
+    return _cached(("row", D), lambda: make_row_kernel(D))
+
+
+@register("attention", "gpu", "row", rung=2, ptx=[(row_kernel(64), SIG_FWD)])
+def attention_row(o, lse, q, k, v, kv_len, causal):
+    """One block (64 threads) per query row, online softmax over the keys; no score matrix anywhere.
+
+    Each thread keeps a running max, sum and D-float output for its keys; one merge at the end. DRAM
+    traffic drops to Q, K, V, O, but every row re-reads all of K and V (through L2): S*T*D*8 bytes of
+    L2 traffic and one dot product per thread with no data reuse. Predict L2-bound, ~2-4 TFLOP/s:
+    faster than rung 1 only where the S x T traffic dominated."""
+    B, H, S, D = q.shape
+    row_kernel(D)[(S, B * H), ROW_THREADS](o, lse, q, k, v, kv_len, causal)
+
+
+def make_flash_kernel(D, BR, BC, TM, TN, skip):
+    """Flash forward. A block owns BR query rows of one (b, h) and walks over key tiles of BC rows.
+    Threads form an NTY x NTX grid; thread (ty, tx) owns score rows ty*TM + r and columns tx + NTX*c
+    (c < TN), and the same rows of O, columns tx + NTX*c (c < DC). Per tile: K, V tiles -> shared
+    memory; TM x TN scores in registers; the row max over the tile through shared memory; P -> shared
+    memory; O += P V in registers. Running max m, sum l and unnormalized O live in registers; O is
+    divided by l once at the end. ``skip``: loop only over tiles that hold a visible key."""
+    NTX, NTY = BC // TN, BR // TM
+    NT = NTX * NTY
+    assert NT & (NT - 1) == 0 and BC % TN == 0 and BR % TM == 0
+    DC = ceil_div(D, NTX)
+    DP = D + 1  # padded rows: a column walk hits 32 different banks
+    KP = max(BC * DP, BR * (BC + 1))  # K tile and P tile share one buffer (P is written after K is used)
+    LQ = ceil_div(BR * D, NT)
+    LK = ceil_div(BC * D, NT)
+    scale = np.float32(1.0 / math.sqrt(D))
+
+    @_jit(NT)
+    def attention_flash_kernel(o, lse, q, k, v, kv_len, causal):
+        tid = cuda.threadIdx.x & (NT - 1)  # tells the compiler tid >= 0 (no negative-index fix-ups)
+        ty = tid // NTX
+        tx = tid % NTX
+        H, S = q.shape[1], q.shape[2]
+        T = k.shape[2]
+        b = cuda.blockIdx.y // H
+        h = cuda.blockIdx.y % H
+        hk = h // (H // k.shape[1])
+        i0 = cuda.blockIdx.x * BR
+        Qs = cuda.shared.array((BR, DP), float32)
+        KPs = cuda.shared.array(KP, float32)
+        Vs = cuda.shared.array((BC, D), float32)
+        red = cuda.shared.array((BR, NTX), float32)
+        sacc = cuda.local.array((TM, TN), float32)
+        oacc = cuda.local.array((TM, DC), float32)
+        mrow = cuda.local.array(TM, float32)
+        lrow = cuda.local.array(TM, float32)
+        ra = cuda.local.array(TM, float32)
+        rb = cuda.local.array(TN, float32)
+        rv = cuda.local.array(DC, float32)
+        for e in range(LQ):  # Q tile, pre-scaled, loaded once
+            x = tid + e * NT
+            if x < BR * D:
+                r = x // D
+                c = x % D
+                Qs[r, c] = q[b, h, i0 + r, c] * scale if i0 + r < S else ZERO
+        for r in range(TM):
+            mrow[r] = NEG_INF
+            lrow[r] = ZERO
+            for c in range(DC):
+                oacc[r, c] = ZERO
+        kv = kv_len[b]
+        off = T - S
+        jend = kv
+        if causal:
+            jend = min(jend, i0 + BR + off)  # last row of the block sees keys j <= i0 + BR - 1 + off
+        ntiles = (T + BC - 1) // BC
+        if skip:
+            ntiles = (max(jend, 0) + BC - 1) // BC
+        for t in range(ntiles):
+            j0 = t * BC
+            cuda.syncthreads()  # everyone is done with the previous V and P tiles
+            for e in range(LK):
+                x = tid + e * NT
+                if x < BC * D:
+                    r = x // D
+                    c = x % D
+                    inside = j0 + r < T
+                    KPs[r * DP + c] = k[b, hk, j0 + r, c] if inside else ZERO
+                    Vs[r, c] = v[b, hk, j0 + r, c] if inside else ZERO
+            cuda.syncthreads()
+            for r in range(TM):
+                for c in range(TN):
+                    sacc[r, c] = ZERO
+            for d in range(D):  # TM x TN scores: TM + TN shared loads for TM * TN FMAs
+                for r in range(TM):
+                    ra[r] = Qs[ty * TM + r, d]
+                for c in range(TN):
+                    rb[c] = KPs[(tx + NTX * c) * DP + d]
+                for r in range(TM):
+                    for c in range(TN):
+                        sacc[r, c] += ra[r] * rb[c]
+            for r in range(TM):  # mask, then this thread's max of each of its rows
+                i = i0 + ty * TM + r
+                lim = kv
+                if causal:
+                    lim = min(lim, i + off + 1)
+                mx = NEG_INF
+                for c in range(TN):
+                    if j0 + tx + NTX * c >= lim:
+                        sacc[r, c] = NEG_INF
+                    mx = max(mx, sacc[r, c])
+                red[ty * TM + r, tx] = mx
+            cuda.syncthreads()  # partial maxima visible; every thread is done reading the K tile
+            for r in range(TM):
+                mx = mrow[r]
+                for x in range(NTX):
+                    mx = max(mx, red[ty * TM + r, x])
+                alpha = math.exp(mrow[r] - mx) if mx != NEG_INF else ONE
+                ms = mx if mx != NEG_INF else ZERO
+                mrow[r] = mx
+                ls = ZERO
+                for c in range(TN):
+                    p = math.exp(sacc[r, c] - ms)  # exp(-inf) = 0 for masked entries
+                    KPs[(ty * TM + r) * (BC + 1) + tx + NTX * c] = p
+                    ls += p
+                lrow[r] = lrow[r] * alpha + ls  # this thread's partial sum, rescaled to the new max
+                for c in range(DC):
+                    oacc[r, c] *= alpha
+            cuda.syncthreads()  # the P tile is complete
+            for j in range(BC):  # O += P V: TM + DC shared loads for TM * DC FMAs
+                for r in range(TM):
+                    ra[r] = KPs[(ty * TM + r) * (BC + 1) + j]
+                for c in range(DC):
+                    dd = tx + NTX * c
+                    rv[c] = Vs[j, dd] if dd < D else ZERO
+                for r in range(TM):
+                    for c in range(DC):
+                        oacc[r, c] += ra[r] * rv[c]
+        cuda.syncthreads()
+        for r in range(TM):  # the row sum is split over the NTX threads of the row: add the parts once
+            red[ty * TM + r, tx] = lrow[r]
+        cuda.syncthreads()
+        for r in range(TM):
+            i = i0 + ty * TM + r
+            if i < S:
+                tot = ZERO
+                for x in range(NTX):
+                    tot += red[ty * TM + r, x]
+                inv = ONE / tot if tot > ZERO else ZERO
+                for c in range(DC):
+                    dd = tx + NTX * c
+                    if dd < D:
+                        o[b, h, i, dd] = oacc[r, c] * inv  # the one division, at the very end
+                if tx == 0:
+                    lse[b, h, i] = mrow[r] + math.log(tot) if tot > ZERO else NEG_INF
+
+    def launch(o, lse, q, k, v, kv_len, causal):
+        B, H, S, _ = q.shape
+        attention_flash_kernel[(ceil_div(S, BR), B * H), NT](o, lse, q, k, v, kv_len, causal)
+
+    launch.kernel = attention_flash_kernel
+    launch.config = dict(D=D, BR=BR, BC=BC, TM=TM, TN=TN, threads=NT, skip=skip,
+                         smem_bytes=4 * (BR * DP + KP + BC * D + BR * NTX))
+    return launch
+
+
+def flash(D, BR, BC, TM, TN, skip):
+    return _cached(("flash", D, BR, BC, TM, TN, skip), lambda: make_flash_kernel(D, BR, BC, TM, TN, skip))
+
+
+FLASH_CFG = dict(BR=64, BC=32, TM=8, TN=4)  # 64 threads, 8 x 4 scores and 8 x (D/8) outputs each
+# Rung 5's shapes per head size: static shared memory is capped at 48 KiB per block in Numba, which
+# bounds BR*D + BC*D + BR*BC. Chosen on the H100 from kernels_src.figures.attention.sweep().
+TUNED = {16: dict(BR=64, BC=64, TM=8, TN=8), 32: dict(BR=64, BC=64, TM=8, TN=8),
+         64: dict(BR=64, BC=48, TM=8, TN=6), 128: dict(BR=32, BC=32, TM=4, TN=4)}
+
+
+def _tuned_cfg(D):
+    return TUNED.get(D, FLASH_CFG)
+
+
+@register("attention", "gpu", "flash", rung=3, ptx=[(flash(64, skip=False, **FLASH_CFG).kernel, SIG_FWD)])
+def attention_flash(o, lse, q, k, v, kv_len, causal):
+    """Flash tiling: 64 query rows per block, 32-key tiles of K and V in shared memory, scores, max,
+    sum and the unnormalized O in registers; O is divided once at the end.
+
+    Each K/V element is read from L2 S/64 times instead of S times, and each thread does 8 x 4 scores
+    and 8 x 8 outputs per tile from 12 and 16 shared loads: ~0.4 loads per FMA (rung 2: ~1 global load
+    per FMA). Predict ~15-25 TFLOP/s, i.e. the SDPA math backend's speed without its S x T traffic.
+    Masked tiles are still computed (and thrown away): causal costs the same as non-causal."""
+    flash(q.shape[3], skip=False, **FLASH_CFG)(o, lse, q, k, v, kv_len, causal)
+
+
+@register("attention", "gpu", "flash_causal", rung=4, ptx=[(flash(64, skip=True, **FLASH_CFG).kernel, SIG_FWD)])
+def attention_flash_causal(o, lse, q, k, v, kv_len, causal):
+    """Rung 3 that stops at the last key tile any of its rows can see (the causal diagonal, kv_len).
+
+    Tiles strictly above the diagonal are never loaded or computed: with S = T = 2048 and 64-row
+    blocks the work falls to (32*33/2)/(32*32) ~ 52 % of the tiles. Predict causal ~1.9x faster than
+    non-causal (the blocks on the diagonal do some masked work); non-causal unchanged."""
+    flash(q.shape[3], skip=True, **FLASH_CFG)(o, lse, q, k, v, kv_len, causal)
+
+
+@register("attention", "gpu", "flash_tuned", rung=5,
+          ptx=[(flash(64, skip=True, **TUNED[64]).kernel, SIG_FWD),
+               (flash(128, skip=True, **TUNED[128]).kernel, SIG_FWD)])
+def attention_flash_tuned(o, lse, q, k, v, kv_len, causal):
+    """Rung 4 with the tile shape picked per head size by a sweep (TUNED: 64 x 48 tiles of 8 x 6 per
+    thread for D = 64; 32 x 32 of 4 x 4 for D = 128, whose Q tile alone is 16 KiB).
+
+    For D = 64 an 8 x 6 score tile needs 14 shared loads for 48 FMAs (0.29 per FMA, was 0.375).
+    Predict ~1.2x rung 4."""
+    flash(q.shape[3], skip=True, **_tuned_cfg(q.shape[3]))(o, lse, q, k, v, kv_len, causal)
+
+
+# ------------------------------------------------------------------------------- GPU: backward
+SIG_BWD_PRE = "void(float32[:, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1])"
+SIG_DKDV = ("void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], "
+            "float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int32[::1], int64)")
+SIG_DQ = ("void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], "
+          "float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], int32[::1], int64)")
+
+
+@_jit(128)
+def attention_bwd_pre_kernel(dr, do, o):
+    # dO, O (B,H,S,D) -> Dr (B,H,S) = rowsum(dO * O): one thread per row
+    r = cuda.grid(1)
+    H, S, D = o.shape[1], o.shape[2], o.shape[3]
+    if r < o.shape[0] * H * S:
+        b = r // (H * S)
+        h = (r // S) % H
+        i = r % S
+        x = ZERO
+        for d in range(D):
+            x += do[b, h, i, d] * o[b, h, i, d]
+        dr[b, h, i] = x
+
+
+PARTS = 4  # threads per key (dK/dV kernel) or per query row (dQ kernel), each owning D/4 columns
+
+
+def _bwd_tiles(D):
+    return (32, 32) if D <= 64 else (16, 16)
+
+
+def make_dkdv_kernel(D, BR, BC, want_dk=True):
+    NT = BC * PARTS
+    DC = ceil_div(D, PARTS)
+    DP = D + 1
+    BCP = BC + 1
+    E = ceil_div(BR * BC, NT)
+    LQ = ceil_div(BR * D, NT)
+    LK = ceil_div(BC * D, NT)
+    scale = np.float32(1.0 / math.sqrt(D))
+
+    @_jit(NT)
+    def attention_dkdv_kernel(dk, dv, do, q, k, v, lse, dr, kv_len, causal):
+        # block = BC keys of (b, kv head); loops over the g query heads of the group and every query
+        # tile that can see these keys; thread (jj, part) owns dK, dV[j0 + jj, part + PARTS*c]
+        tid = cuda.threadIdx.x & (NT - 1)
+        jj = tid // PARTS
+        part = tid % PARTS
+        Hkv, T = k.shape[1], k.shape[2]
+        H, S = q.shape[1], q.shape[2]
+        g = H // Hkv
+        b = cuda.blockIdx.y // Hkv
+        hk = cuda.blockIdx.y % Hkv
+        j0 = cuda.blockIdx.x * BC
+        Ks = cuda.shared.array((BC, DP), float32)
+        Vs = cuda.shared.array((BC, DP), float32)
+        Qs = cuda.shared.array((BR, DP), float32)
+        dOs = cuda.shared.array((BR, DP), float32)
+        Ps = cuda.shared.array((BR, BCP), float32)
+        dSs = cuda.shared.array((BR, BCP), float32)
+        Ls = cuda.shared.array(BR, float32)
+        Ds = cuda.shared.array(BR, float32)
+        adk = cuda.local.array(DC, float32)
+        adv = cuda.local.array(DC, float32)
+        for c in range(DC):
+            adk[c] = ZERO
+            adv[c] = ZERO
+        for e in range(LK):
+            x = tid + e * NT
+            if x < BC * D:
+                r = x // D
+                c = x % D
+                inside = j0 + r < T
+                Ks[r, c] = k[b, hk, j0 + r, c] if inside else ZERO
+                Vs[r, c] = v[b, hk, j0 + r, c] if inside else ZERO
+        kv = kv_len[b]
+        off = T - S
+        istart = 0
+        if causal:
+            istart = max(0, j0 - off)  # query i sees key j0 only if i >= j0 - (T - S)
+        for h in range(hk * g, (hk + 1) * g):
+            for i0 in range((istart // BR) * BR, S, BR):
+                cuda.syncthreads()
+                for e in range(LQ):
+                    x = tid + e * NT
+                    if x < BR * D:
+                        r = x // D
+                        c = x % D
+                        inside = i0 + r < S
+                        Qs[r, c] = q[b, h, i0 + r, c] if inside else ZERO
+                        dOs[r, c] = do[b, h, i0 + r, c] if inside else ZERO
+                for r in range(tid, BR, NT):
+                    inside = i0 + r < S
+                    Ls[r] = lse[b, h, i0 + r] if inside else NEG_INF
+                    Ds[r] = dr[b, h, i0 + r] if inside else ZERO
+                cuda.syncthreads()
+                for e in range(E):  # recompute P, then dS, for BR x BC pairs
+                    x = tid + e * NT
+                    if x < BR * BC:
+                        r = x // BC
+                        c = x % BC
+                        s = ZERO
+                        dp = ZERO
+                        for d in range(D):
+                            s += Qs[r, d] * Ks[c, d]
+                            dp += dOs[r, d] * Vs[c, d]
+                        lim = kv
+                        if causal:
+                            lim = min(lim, i0 + r + off + 1)
+                        p = ZERO
+                        if j0 + c < lim and Ls[r] != NEG_INF:
+                            p = math.exp(s * scale - Ls[r])
+                        Ps[r, c] = p
+                        dSs[r, c] = p * (dp - Ds[r])
+                cuda.syncthreads()
+                for r in range(BR):
+                    p = Ps[r, jj]
+                    ds = dSs[r, jj]
+                    for c in range(DC):
+                        dd = part + PARTS * c
+                        if dd < D:
+                            adv[c] += p * dOs[r, dd]
+                            if want_dk:
+                                adk[c] += ds * Qs[r, dd]
+        j = j0 + jj
+        if j < T:
+            for c in range(DC):
+                dd = part + PARTS * c
+                if dd < D:
+                    dv[b, hk, j, dd] = adv[c]
+                    if want_dk:
+                        dk[b, hk, j, dd] = adk[c] * scale
+
+    return attention_dkdv_kernel
+
+
+def make_dq_kernel(D, BR, BC):
+    NT = BR * PARTS
+    DC = ceil_div(D, PARTS)
+    DP = D + 1
+    BCP = BC + 1
+    E = ceil_div(BR * BC, NT)
+    LQ = ceil_div(BR * D, NT)
+    LK = ceil_div(BC * D, NT)
+    scale = np.float32(1.0 / math.sqrt(D))
+
+    @_jit(NT)
+    def attention_dq_kernel(dq, do, q, k, v, lse, dr, kv_len, causal):
+        # block = BR query rows of (b, h), looping over the key tiles they can see;
+        # thread (ii, part) owns dQ[i0 + ii, part + PARTS*c]
+        tid = cuda.threadIdx.x & (NT - 1)
+        ii = tid // PARTS
+        part = tid % PARTS
+        H, S = q.shape[1], q.shape[2]
+        T = k.shape[2]
+        b = cuda.blockIdx.y // H
+        h = cuda.blockIdx.y % H
+        hk = h // (H // k.shape[1])
+        i0 = cuda.blockIdx.x * BR
+        Ks = cuda.shared.array((BC, DP), float32)
+        Vs = cuda.shared.array((BC, DP), float32)
+        Qs = cuda.shared.array((BR, DP), float32)
+        dOs = cuda.shared.array((BR, DP), float32)
+        dSs = cuda.shared.array((BR, BCP), float32)
+        Ls = cuda.shared.array(BR, float32)
+        Ds = cuda.shared.array(BR, float32)
+        adq = cuda.local.array(DC, float32)
+        for c in range(DC):
+            adq[c] = ZERO
+        for e in range(LQ):
+            x = tid + e * NT
+            if x < BR * D:
+                r = x // D
+                c = x % D
+                inside = i0 + r < S
+                Qs[r, c] = q[b, h, i0 + r, c] if inside else ZERO
+                dOs[r, c] = do[b, h, i0 + r, c] if inside else ZERO
+        for r in range(tid, BR, NT):
+            inside = i0 + r < S
+            Ls[r] = lse[b, h, i0 + r] if inside else NEG_INF
+            Ds[r] = dr[b, h, i0 + r] if inside else ZERO
+        kv = kv_len[b]
+        off = T - S
+        jend = kv
+        if causal:
+            jend = min(jend, i0 + BR + off)
+        for j0 in range(0, max(jend, 0), BC):
+            cuda.syncthreads()
+            for e in range(LK):
+                x = tid + e * NT
+                if x < BC * D:
+                    r = x // D
+                    c = x % D
+                    inside = j0 + r < T
+                    Ks[r, c] = k[b, hk, j0 + r, c] if inside else ZERO
+                    Vs[r, c] = v[b, hk, j0 + r, c] if inside else ZERO
+            cuda.syncthreads()
+            for e in range(E):
+                x = tid + e * NT
+                if x < BR * BC:
+                    r = x // BC
+                    c = x % BC
+                    s = ZERO
+                    dp = ZERO
+                    for d in range(D):
+                        s += Qs[r, d] * Ks[c, d]
+                        dp += dOs[r, d] * Vs[c, d]
+                    lim = kv
+                    if causal:
+                        lim = min(lim, i0 + r + off + 1)
+                    ds = ZERO
+                    if j0 + c < lim and Ls[r] != NEG_INF:
+                        ds = math.exp(s * scale - Ls[r]) * (dp - Ds[r])
+                    dSs[r, c] = ds
+            cuda.syncthreads()
+            for c2 in range(BC):
+                ds = dSs[ii, c2]
+                for c in range(DC):
+                    dd = part + PARTS * c
+                    if dd < D:
+                        adq[c] += ds * Ks[c2, dd]
+        i = i0 + ii
+        if i < S:
+            for c in range(DC):
+                dd = part + PARTS * c
+                if dd < D:
+                    dq[b, h, i, dd] = adq[c] * scale
+
+    return attention_dq_kernel
+
+
+def dkdv_kernel(D, want_dk=True):
+    return _cached(("dkdv", D, want_dk), lambda: make_dkdv_kernel(D, *_bwd_tiles(D), want_dk))
+
+
+def dq_kernel(D):
+    return _cached(("dq", D), lambda: make_dq_kernel(D, *_bwd_tiles(D)))
+
+
+def _scratch(name, shape):
+    key = ("scratch", name)
+    buf = _cache.get(key)
+    if buf is None or buf.shape != tuple(shape):
+        buf = _cache[key] = cuda.device_array(shape, dtype=np.float32)
+    return buf
+
+
+@register("attention_bwd", "gpu", "flash2", rung=1,
+          ptx=[(attention_bwd_pre_kernel, SIG_BWD_PRE), (dkdv_kernel(64), SIG_DKDV), (dq_kernel(64), SIG_DQ)])
+def attention_bwd_flash2(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal):
+    """FlashAttention-2 backward: Dr = rowsum(dO*O); a dK/dV kernel (block = 32 keys, looping over the
+    query tiles and heads of its group) and a dQ kernel (block = 32 queries, looping over key tiles),
+    both recomputing P from L. No atomics: deterministic, bit for bit.
+
+    Each pair's s and dP are computed twice (once per kernel): 2.5x the forward's FLOPs as dot
+    products read from shared memory (two loads per FMA), so predict ~5-8 TFLOP/s-equivalent."""
+    B, H, S, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    dr = _scratch("dr", (B, H, S))
+    attention_bwd_pre_kernel[ceil_div(B * H * S, 128), 128](dr, do, o)
+    br, bc = _bwd_tiles(D)
+    dkdv_kernel(D)[(ceil_div(T, bc), B * Hkv), bc * PARTS](dk, dv, do, q, k, v, lse, dr, kv_len, causal)
+    dq_kernel(D)[(ceil_div(S, br), B * H), br * PARTS](dq, do, q, k, v, lse, dr, kv_len, causal)
+
+
+@register("attention_bwd_dv", "gpu", "flash2", rung=1, ptx=[(dkdv_kernel(64, False), SIG_DKDV)])
+def attention_bwd_dv_gpu(dv, do, q, k, v, o, lse, kv_len, causal):
+    """The dK/dV kernel of the flash2 backward with dK switched off: dV_j = sum_i P_ij dO_i."""
+    B, H, S, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    br, bc = _bwd_tiles(D)
+    dr = _scratch("dr", (B, H, S))
+    dkdv_kernel(D, False)[(ceil_div(T, bc), B * Hkv), bc * PARTS](dv, dv, do, q, k, v, lse, dr, kv_len, causal)
+
+
+# ------------------------------------------------------------------------------- torch baselines
+O_ONLY = os.environ.get("KERNELS_SDPA_O_ONLY", "") == "1"
+_masks: dict = {}
+
+
+def _torch_mask(kv_len, S, T, causal):
+    """None when SDPA's own flags express the mask (no padding; causal only with S = T), else a bool
+    (B,1,S,T) mask (True = attend) for bottom-right causal and padding; cached per kv_len array."""
+    import torch
+
+    key = (id(kv_len), S, T, causal)
+    hit = _masks.get(key)
+    if hit is not None and hit[0] is kv_len:
+        return hit[1]
+    kl = np.asarray(kv_len.copy_to_host() if hasattr(kv_len, "copy_to_host") else kv_len)
+    if (kl >= T).all() and (not causal or S == T):
+        m = None
+    else:
+        m = torch.as_tensor(visible(S, T, kl, causal), device="cuda")
+    if len(_masks) > 32:
+        _masks.clear()
+    _masks[key] = (kv_len, m)
+    return m
+
+
+def _sdpa(q, k, v, kv_len, causal, math_backend):
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    S, T = q.shape[2], k.shape[2]
+    mask = _torch_mask(kv_len, S, T, causal)
+    ctx = sdpa_kernel(SDPBackend.MATH) if math_backend else contextlib.nullcontext()
+    with ctx:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=bool(causal) and mask is None,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _torch_lse(q, k, kv_len, causal):
+    import torch
+
+    g = q.shape[1] // k.shape[1]
+    kk = k.repeat_interleave(g, dim=1) if g > 1 else k
+    s = torch.matmul(q, kk.transpose(-1, -2)) / math.sqrt(q.shape[3])
+    vis = torch.as_tensor(visible(q.shape[2], k.shape[2], np.asarray(kv_len.copy_to_host()), causal), device="cuda")
+    return torch.logsumexp(s.masked_fill(~vis, -math.inf), dim=-1)
+
+
+def _sdpa_fwd(o, lse, q, k, v, kv_len, causal, math_backend):
+    import torch
+
+    Q, K, V = torch_view(q), torch_view(k), torch_view(v)
+    out = _sdpa(Q, K, V, kv_len, causal, math_backend)
+    if O_ONLY:
+        torch_view(o).copy_(out)
+        return
+    L = _torch_lse(Q, K, kv_len, causal)
+    torch_view(lse).copy_(L)
+    torch_view(o).copy_(torch.where(torch.isinf(L)[..., None], 0.0, out))  # our fully-masked-row rule
+
+
+@register("attention", "gpu", "sdpa_math", baseline=True, requires=torch_gpu)
+def attention_sdpa_math(o, lse, q, k, v, kv_len, causal):
+    """torch SDPA, math backend, TF32 off: Q K^T (cuBLAS), softmax, P V -- the score matrix in DRAM."""
+    _sdpa_fwd(o, lse, q, k, v, kv_len, causal, True)
+
+
+@register("attention", "gpu", "sdpa_default", baseline=True, requires=torch_gpu)
+def attention_sdpa_default(o, lse, q, k, v, kv_len, causal):
+    """torch SDPA as a user calls it: for fp32 the memory-efficient backend (tensor cores, 3xTF32)."""
+    _sdpa_fwd(o, lse, q, k, v, kv_len, causal, False)
+
+
+_graphs: dict = {}
+
+
+def _sdpa_bwd(dq, dk, dv, do, q, k, v, kv_len, causal, math_backend):
+    import torch
+
+    key = (id(q), id(k), id(v), math_backend)
+    hit = _graphs.get(key)
+    if hit is None or hit[0] is not q:
+        Q, K, V = (torch_view(a).detach().clone().requires_grad_(True) for a in (q, k, v))
+        out = _sdpa(Q, K, V, kv_len, causal, math_backend)
+        if len(_graphs) > 8:
+            _graphs.clear()
+        hit = _graphs[key] = (q, (Q, K, V), out)
+    _, leaves, out = hit
+    grads = torch.autograd.grad(out, leaves, torch_view(do), retain_graph=True)
+    for dst, gr in zip((dq, dk, dv), grads):
+        torch_view(dst).copy_(gr)
+
+
+@register("attention_bwd", "gpu", "sdpa_math", baseline=True, requires=torch_gpu)
+def attention_bwd_sdpa_math(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal):
+    """torch autograd through SDPA's math backend (TF32 off): the saved S x T probabilities are reused."""
+    _sdpa_bwd(dq, dk, dv, do, q, k, v, kv_len, causal, True)
+
+
+@register("attention_bwd", "gpu", "sdpa_default", baseline=True, requires=torch_gpu)
+def attention_bwd_sdpa_default(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal):
+    """torch autograd through SDPA's default fp32 backend (memory-efficient)."""
+    _sdpa_bwd(dq, dk, dv, do, q, k, v, kv_len, causal, False)
