@@ -632,8 +632,10 @@ def sumsq_kernel(out, g):
 
 @cuda.jit(device=True, inline=True)
 def clip_factor(sumsq, max_norm):
-    norm = math.sqrt(sumsq)
-    return min(float32(1.0), max_norm / (norm + float32(CLIP_EPS)))  # NaN norm -> NaN (min keeps a NaN 2nd arg)
+    c = max_norm / (math.sqrt(sumsq) + float32(CLIP_EPS))
+    if c > float32(1.0):  # not min(): fminf(1, NaN) is 1, and a NaN norm must give a NaN step
+        c = float32(1.0)
+    return c
 
 
 @cuda.jit
@@ -713,7 +715,7 @@ _torch_opts: dict = {}
 def torch_adamw_step(params, grads, ms, vs, step, lr, beta1, beta2, eps, wd, fused=True):
     """One torch.optim.AdamW(fused=...) step, IN PLACE on lists of torch tensors (params updated, ms/vs
     used as its exp_avg/exp_avg_sq state, ``step`` = t after the step). The optimizer object is cached per
-    list of tensors, as in training."""
+    list of tensors, as in training. ``step=None`` continues from torch's own step count."""
     import torch
 
     key = ("adamw", fused, tuple(x.data_ptr() for x in params), tuple(x.data_ptr() for x in ms))
@@ -727,12 +729,15 @@ def torch_adamw_step(params, grads, ms, vs, step, lr, beta1, beta2, eps, wd, fus
     g = opt.param_groups[0]
     g.update(lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd)
     for x, gr, m, v in zip(params, grads, ms, vs):
-        x.grad = gr
+        if x.grad is not gr:
+            x.grad = gr
         st = opt.state[x]
-        st["exp_avg"], st["exp_avg_sq"] = m, v
+        if st.get("exp_avg") is not m or st.get("exp_avg_sq") is not v:
+            st["exp_avg"], st["exp_avg_sq"] = m, v
         if "step" not in st:  # torch keeps a float32 step tensor (on the device for fused)
             st["step"] = torch.zeros((), dtype=torch.float32, device=x.device if fused else "cpu")
-        st["step"].fill_(step - 1)  # torch adds 1 before using it
+        if step is not None:  # None: carry on from torch's own count (timing loops: no extra fill kernel)
+            st["step"].fill_(step - 1)  # torch adds 1 before using it
     opt.step()
 
 
