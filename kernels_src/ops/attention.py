@@ -816,6 +816,10 @@ def make_flash_kernel(D, BR, BC, TM, TN, skip):
     LQ = ceil_div(BR * D, NT)
     LK = ceil_div(BC * D, NT)
     scale = np.float32(1.0 / math.sqrt(D))
+    smem = 4 * (BR * DP + KP + BC * D + BR * NTX)
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"flash tiles BR={BR} BC={BC} at D={D} need {smem} bytes of shared memory "
+                         f"(> {SMEM_LIMIT}, the static limit)")
 
     @_jit(NT)
     def attention_flash_kernel(o, lse, q, k, v, kv_len, causal):
@@ -941,8 +945,7 @@ def make_flash_kernel(D, BR, BC, TM, TN, skip):
         attention_flash_kernel[(ceil_div(S, BR), B * H), NT](o, lse, q, k, v, kv_len, causal)
 
     launch.kernel = attention_flash_kernel
-    launch.config = dict(D=D, BR=BR, BC=BC, TM=TM, TN=TN, threads=NT, skip=skip,
-                         smem_bytes=4 * (BR * DP + KP + BC * D + BR * NTX))
+    launch.config = dict(D=D, BR=BR, BC=BC, TM=TM, TN=TN, threads=NT, skip=skip, smem_bytes=smem)
     return launch
 
 
@@ -950,15 +953,21 @@ def flash(D, BR, BC, TM, TN, skip):
     return _cached(("flash", D, BR, BC, TM, TN, skip), lambda: make_flash_kernel(D, BR, BC, TM, TN, skip))
 
 
+SMEM_LIMIT = 48 * 1024  # static shared memory per block (Numba has no opt-in to more)
 FLASH_CFG = dict(BR=64, BC=32, TM=8, TN=4)  # 64 threads, 8 x 4 scores and 8 x (D/8) outputs each
+FLASH_CFG_WIDE = dict(BR=32, BC=16, TM=4, TN=2)  # D > 64: a 64 x 128 Q tile alone would be 32 KiB
+
+
+def _base_cfg(D):
+    return FLASH_CFG if D <= 64 else FLASH_CFG_WIDE
 # Rung 5's shapes per head size: static shared memory is capped at 48 KiB per block in Numba, which
 # bounds BR*D + BC*D + BR*BC. Chosen on the H100 from kernels_src.figures.attention.sweep().
 TUNED = {16: dict(BR=64, BC=64, TM=8, TN=8), 32: dict(BR=64, BC=64, TM=8, TN=8),
-         64: dict(BR=64, BC=48, TM=8, TN=6), 128: dict(BR=32, BC=32, TM=4, TN=4)}
+         64: dict(BR=64, BC=48, TM=8, TN=6), 128: dict(BR=32, BC=24, TM=4, TN=3)}
 
 
 def _tuned_cfg(D):
-    return TUNED.get(D, FLASH_CFG)
+    return TUNED.get(D, _base_cfg(D))
 
 
 @register("attention", "gpu", "flash", rung=3, ptx=[(flash(64, skip=False, **FLASH_CFG).kernel, SIG_FWD)])
@@ -970,7 +979,7 @@ def attention_flash(o, lse, q, k, v, kv_len, causal):
     and 8 x 8 outputs per tile from 12 and 16 shared loads: ~0.4 loads per FMA (rung 2: ~1 global load
     per FMA). Predict ~15-25 TFLOP/s, i.e. the SDPA math backend's speed without its S x T traffic.
     Masked tiles are still computed (and thrown away): causal costs the same as non-causal."""
-    flash(q.shape[3], skip=False, **FLASH_CFG)(o, lse, q, k, v, kv_len, causal)
+    flash(q.shape[3], skip=False, **_base_cfg(q.shape[3]))(o, lse, q, k, v, kv_len, causal)
 
 
 @register("attention", "gpu", "flash_causal", rung=4, ptx=[(flash(64, skip=True, **FLASH_CFG).kernel, SIG_FWD)])
@@ -980,7 +989,7 @@ def attention_flash_causal(o, lse, q, k, v, kv_len, causal):
     Tiles strictly above the diagonal are never loaded or computed: with S = T = 2048 and 64-row
     blocks the work falls to (32*33/2)/(32*32) ~ 52 % of the tiles. Predict causal ~1.9x faster than
     non-causal (the blocks on the diagonal do some masked work); non-causal unchanged."""
-    flash(q.shape[3], skip=True, **FLASH_CFG)(o, lse, q, k, v, kv_len, causal)
+    flash(q.shape[3], skip=True, **_base_cfg(q.shape[3]))(o, lse, q, k, v, kv_len, causal)
 
 
 @register("attention", "gpu", "flash_tuned", rung=5,
@@ -988,7 +997,7 @@ def attention_flash_causal(o, lse, q, k, v, kv_len, causal):
                (flash(128, skip=True, **TUNED[128]).kernel, SIG_FWD)])
 def attention_flash_tuned(o, lse, q, k, v, kv_len, causal):
     """Rung 4 with the tile shape picked per head size by a sweep (TUNED: 64 x 48 tiles of 8 x 6 per
-    thread for D = 64; 32 x 32 of 4 x 4 for D = 128, whose Q tile alone is 16 KiB).
+    thread for D = 64; 32 x 24 of 4 x 3 for D = 128, whose Q tile alone is 16 KiB).
 
     For D = 64 an 8 x 6 score tile needs 14 shared loads for 48 FMAs (0.29 per FMA, was 0.375).
     Predict ~1.2x rung 4."""

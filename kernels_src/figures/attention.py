@@ -1,0 +1,184 @@
+"""Figures, widgets and GPU measurement drivers for chapter 9 (attention).
+
+- ``score_memory(S, ...)``: bytes of the S x T score matrix against what a flash kernel keeps;
+- ``flash_trace(q, k, v, BC)``: the flash loop of one query row, tile by tile (running max, sum, output);
+- ``attention_widget()``: a heat map of P with causal/padding toggles and a step-through of the flash loop;
+- ``sweep(...)`` and ``peak_memory(...)``: drivers run on the H100 (tile-shape sweep of the flash kernel;
+  device memory of rung 1 against rung 3 at a long sequence), writing JSON under book/data/bench/h100/.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ..ops import attention as A
+
+
+# ----------------------------------------------------------------------------- memory (analytic)
+def score_memory(S, B=1, H=16, D=64, itemsize=4, BR=64, BC=32):
+    """Bytes per forward call: the score matrix (B*H*S*S) versus Q, K, V, O, L, versus what one flash
+    block keeps on chip (its Q tile, one K and V tile, and the running statistics)."""
+    S = np.asarray(S, dtype=np.float64)
+    scores = B * H * S * S * itemsize
+    qkvo = 4 * B * H * S * D * itemsize + B * H * S * itemsize
+    block = (BR * D + 2 * BC * D + BR * BC + 2 * BR) * itemsize
+    return {"scores": scores, "qkvo": qkvo, "flash_block": np.full_like(S, block)}
+
+
+# ------------------------------------------------------------------------------ the flash loop
+def flash_trace(q, k, v, BC, lim=None):
+    """The flash recurrence for ONE query row q (D,) over keys k, v (T,D) in tiles of BC keys.
+
+    Returns a list with one dict per tile: the tile's scores, the running max m, the running sum l, the
+    rescale factor alpha applied to the old state, and the unnormalized output o (D,) after the tile,
+    plus o / l (the output if the loop stopped here). ``lim``: keys >= lim are masked."""
+    D = q.shape[0]
+    T = k.shape[0]
+    lim = T if lim is None else lim
+    s_all = (k @ q) / math.sqrt(D)
+    s_all = np.where(np.arange(T) < lim, s_all, -np.inf)
+    m, l, o = -np.inf, 0.0, np.zeros(D)
+    steps = []
+    for j0 in range(0, T, BC):
+        s = s_all[j0:j0 + BC]
+        m_new = max(m, float(np.max(s)))
+        if m_new == -np.inf:
+            alpha, p = 1.0, np.zeros_like(s)
+        else:
+            alpha = math.exp(m - m_new) if m > -np.inf else 0.0
+            p = np.exp(s - m_new)
+        l = l * alpha + float(p.sum())
+        o = o * alpha + p @ v[j0:j0 + BC]
+        m = m_new
+        steps.append({"j0": j0, "scores": s.copy(), "m": m, "l": l, "alpha": alpha, "o": o.copy(),
+                      "out": o / l if l > 0 else np.zeros(D)})
+    return steps
+
+
+def attention_widget(S=24, T=24, D=8, BC=6, seed=0):
+    """Heat map of P (B = H = 1) with causal and padding toggles, and a step-through of the flash loop
+    for one chosen query row: which key tile is loaded, and m, l, o after it."""
+    import ipywidgets as W
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 1, S, D)) * 1.5
+    k = rng.standard_normal((1, 1, T, D)) * 1.5
+    v = rng.standard_normal((1, 1, T, D))
+    causal = W.Checkbox(value=True, description="causal")
+    pad = W.IntSlider(value=T, min=0, max=T, description="kv_len")
+    row = W.IntSlider(value=S - 1, min=0, max=S - 1, description="query row")
+    step = W.IntSlider(value=0, min=0, max=math.ceil(T / BC) - 1, description="tile")
+    out = W.Output()
+
+    def draw(*_):
+        kv = np.array([pad.value], dtype=np.int32)
+        o_ref, lse = A.reference(q, k, v, kv, int(causal.value))
+        s = A.scores_reference(q, k, v, kv, int(causal.value))[0, 0]
+        p = np.where(np.isfinite(lse[0, 0])[:, None], np.exp(s - np.where(np.isfinite(lse[0, 0]), lse[0, 0], 0)[:, None]), 0.0)
+        i = row.value
+        lim = min(pad.value, i + T - S + 1) if causal.value else pad.value
+        steps = flash_trace(q[0, 0, i], k[0, 0], v[0, 0], BC, lim)
+        st = steps[min(step.value, len(steps) - 1)]
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(1, 3, figsize=(12, 3.6), gridspec_kw={"width_ratios": [1.1, 1, 1]})
+            ax[0].imshow(p, cmap="viridis", vmin=0, vmax=max(p.max(), 1e-9), aspect="auto")
+            ax[0].add_patch(plt.Rectangle((st["j0"] - 0.5, i - 0.5), BC, 1, fill=False, ec="red", lw=2))
+            for j0 in range(BC, T, BC):
+                ax[0].axvline(j0 - 0.5, color="w", lw=0.5)
+            ax[0].set(title="P = softmax(scores); red: the tile loaded", xlabel="key j", ylabel="query i")
+            n = step.value + 1
+            ms = [x["m"] for x in steps[:n]]
+            ls = [x["l"] for x in steps[:n]]
+            ax[1].plot(range(n), ms, "o-", label="running max m")
+            ax[1].plot(range(n), np.log(np.maximum(ls, 1e-300)), "s-", label="log of running sum l")
+            ax[1].set(xlim=(-0.5, len(steps) - 0.5), xlabel="tile", title="row statistics after each tile")
+            ax[1].legend(fontsize=8)
+            ax[2].bar(np.arange(D) - 0.2, st["out"], width=0.4, label="o / l after this tile")
+            ax[2].bar(np.arange(D) + 0.2, o_ref[0, 0, i], width=0.4, label="final O (reference)")
+            ax[2].set(xlabel="d", title=f"row {i}: output, tile {step.value}")
+            ax[2].legend(fontsize=8)
+            fig.tight_layout()
+            plt.show()
+
+    for w in (causal, pad, row, step):
+        w.observe(draw, names="value")
+    draw()
+    return W.VBox([W.HBox([causal, pad]), W.HBox([row, step]), out])
+
+
+# --------------------------------------------------------------------- H100 drivers (real GPU)
+SWEEP = {64: [dict(BR=64, BC=32, TM=8, TN=4), dict(BR=64, BC=48, TM=8, TN=6), dict(BR=64, BC=32, TM=4, TN=4),
+              dict(BR=32, BC=64, TM=4, TN=8), dict(BR=64, BC=32, TM=8, TN=2), dict(BR=64, BC=16, TM=8, TN=2),
+              dict(BR=32, BC=32, TM=4, TN=4), dict(BR=64, BC=24, TM=8, TN=3)],
+         128: [dict(BR=32, BC=16, TM=4, TN=2), dict(BR=32, BC=24, TM=4, TN=3), dict(BR=32, BC=16, TM=2, TN=2),
+               dict(BR=16, BC=32, TM=2, TN=4), dict(BR=32, BC=8, TM=4, TN=1)]}
+
+
+def sweep(out=None, B=4, H=16, S=2048, heads=(64, 128), repeat=10):
+    """Time the causal-skipping flash kernel for each tile shape in SWEEP (causal and not) on the GPU."""
+    from .. import bench, device
+
+    cuda = device.cuda
+    rows = []
+    for D in heads:
+        for mask in (0, 1):
+            size = (B, H, H, S, S, D, mask)
+            q, k, v, kv, causal = A.make_inputs(size, np.float32, np.random.default_rng(0))
+            args = [cuda.to_device(a) for a in (q, k, v, kv)]
+            o = cuda.device_array(q.shape, np.float32)
+            lse = cuda.device_array(q.shape[:3], np.float32)
+            for cfg in SWEEP[D]:
+                try:
+                    launch = A.flash(D, skip=True, **cfg)
+                    t = bench._median(bench.time_gpu(launch, [(o, lse, *args, causal)], repeat=repeat))
+                    rows.append({**cfg, "D": D, "mask": mask, "median_s": t, "threads": launch.config["threads"],
+                                 "smem_bytes": launch.config["smem_bytes"], "tflops": A._flops(size) / t / 1e12})
+                except Exception as e:  # noqa: BLE001  (a shape that does not fit is a result too)
+                    rows.append({**cfg, "D": D, "mask": mask, "error": f"{type(e).__name__}: {e}"[:300]})
+                print(rows[-1], flush=True)
+    res = {"what": "flash forward (rung 4 kernel) tile sweep", "size": [B, H, H, S, S], "rows": rows,
+           "meta": bench.environment()}
+    if out:
+        bench.save_json(res, out)
+    return res
+
+
+def peak_memory(out=None, B=1, H=16, S=16384, D=64):
+    """Device memory in use after one call of rung 1 (three kernels) and of rung 3 (flash), measured with
+    cudaMemGetInfo around the call (inputs and outputs excluded), plus the time of each call."""
+    from .. import bench, device
+
+    cuda = device.cuda
+    ctx = cuda.current_context()
+    size = (B, H, H, S, S, D, 0)
+    q, k, v, kv, causal = A.make_inputs(size, np.float32, np.random.default_rng(0))
+    args = [cuda.to_device(a) for a in (q, k, v, kv)]
+    o = cuda.device_array(q.shape, np.float32)
+    lse = cuda.device_array(q.shape[:3], np.float32)
+    res = {"size": list(size), "io_bytes": int(sum(a.nbytes for a in args) + o.nbytes + lse.nbytes), "rows": [],
+           "meta": bench.environment()}
+    for name, fn in (("three_kernels", A.attention_three_kernels), ("flash", A.attention_flash)):
+        A.free_workspace()
+        ctx.deallocations.clear()
+        cuda.synchronize()
+        free0 = ctx.get_memory_info()[0]
+        t0 = bench._median(bench.time_gpu(fn, [(o, lse, *args, causal)], warmup=1, repeat=3))
+        cuda.synchronize()
+        free1 = ctx.get_memory_info()[0]
+        res["rows"].append({"variant": name, "extra_bytes": int(free0 - free1), "median_s": t0})
+        print(res["rows"][-1], flush=True)
+    A.free_workspace()
+    if out:
+        bench.save_json(res, out)
+    return res
+
+
+def load(name):
+    """A committed H100 JSON of this chapter (book/data/bench/h100/<name>.json)."""
+    p = Path(__file__).resolve().parents[2] / "book" / "data" / "bench" / "h100" / f"{name}.json"
+    return json.loads(p.read_text())
