@@ -3,8 +3,9 @@
 CPU timing: call once to JIT-compile (and once more to warm caches), then repeat until at least
 ``min_time`` has passed, and take the median of the individual call times.
 
-GPU timing: CUDA events around each launch; before each timed launch a buffer twice the size of
-the L2 cache is overwritten so no run starts with a warm L2; inputs rotate between several copies;
+GPU timing: CUDA events around each launch; before each timed launch a buffer of twice the L2 cache
+(at least 256 MiB) is overwritten so no run starts with a warm L2, and so the launch is queued behind it
+(the events time the GPU's work, not the host's launch overhead); inputs rotate between several copies;
 the median over repeats is reported.
 
 Every row carries GFLOP/s and GB/s (from the op's FLOP and byte counts) and the fraction of a peak
@@ -53,8 +54,16 @@ def _l2_bytes() -> int:
     return int(getattr(dev, "L2_CACHE_SIZE", 0) or 64 << 20)
 
 
+FLUSH_MIN_BYTES = 256 << 20  # as Triton's do_bench: writing it takes ~85 us on an H100
+
+
 def flush_l2() -> None:
-    """Overwrite a buffer of 2x the L2 size so the next kernel starts with a cold cache."""
+    """Overwrite a buffer of 2x the L2 size (at least 256 MiB) so the next kernel starts with a cold cache.
+
+    The write also keeps the GPU busy for longer than it takes the host to launch the timed call, so the
+    start event and the launch are both queued behind it: the events then time the kernel on the GPU, not
+    the host's launch overhead (numba's launch path, torch.compile's guards), which would otherwise show up
+    as an idle gap between the events for every contender alike."""
     if device.MODE != "gpu":
         return
     cuda = device.cuda
@@ -66,7 +75,7 @@ def flush_l2() -> None:
                 buf[i] = v
 
         _flush_state["kernel"] = _scribble
-        _flush_state["buf"] = cuda.device_array(2 * _l2_bytes() // 4, dtype=np.float32)
+        _flush_state["buf"] = cuda.device_array(max(2 * _l2_bytes(), FLUSH_MIN_BYTES) // 4, dtype=np.float32)
         _flush_state["n"] = 0
     buf = _flush_state["buf"]
     _flush_state["n"] += 1
