@@ -221,8 +221,9 @@ def tol(size, dtype):
 
 def tol_bwd(size, dtype):
     """dK, dV sum over S queries (and g heads): the absolute error grows like sqrt(S*g) eps times the
-    terms. The edge inputs (logits ~1e4, where float32 L itself is rounded to ~1e-3) recompute P with a
-    relative error ~1e-3; 2e-3 relative + 2e-4 absolute passes them and still fails any missing term."""
+    terms; we see ~1e-5 on the normal inputs, so 2e-3 relative + 2e-4 absolute is a wide margin that
+    still fails any missing term. (On the edge inputs, logits of ~1e4 -- and L -- are rounded to ~1e-3
+    in float32, so the recomputed P has relative errors ~1e-3: tests/test_ch09_attention.py allows 5e-3.)"""
     return (2e-3, 2e-4) if np.dtype(dtype) == np.float32 else (1e-9, 1e-10)
 
 
