@@ -37,6 +37,9 @@ def test_corpus_case(name, tmp_path, monkeypatch):
     for q, phrases in exp.get("contains", {}).items():
         for phrase in phrases:
             assert phrase in outputs[q], f"{name}/{q}: {phrase!r} not in the feedback:\n{outputs[q][:4000]}"
+    for q, phrases in exp.get("absent", {}).items():
+        for phrase in phrases:
+            assert phrase not in outputs[q], f"{name}/{q}: {phrase!r} should not be in the feedback:\n{outputs[q][:4000]}"
     for phrase in exp.get("output", []):
         assert phrase in rec.results.get("output", ""), f"{name}: {phrase!r} not in:\n{rec.results.get('output')}"
     # a complete Gradescope record, whatever the submission did

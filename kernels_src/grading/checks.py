@@ -68,6 +68,7 @@ class Verdict:
     seconds: float = 0.0
     status: str = "ok"  # ok | fail | error (the grader itself failed: never the student's fault)
     flags: list = field(default_factory=list)  # instructor notes: suspicious constructs in the code
+    timed_out: bool = False  # the student's code did not finish within the check's time limit
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -274,6 +275,20 @@ def hints_for_error(err: dict, spec: CheckSpec) -> list[str]:
     return []
 
 
+def host_write_message(name: str, w: dict, spec: CheckSpec) -> str:
+    """Feedback for output elements whose final value was written by host code, not by a kernel thread."""
+    n, nk, nh = w["size"], w["kernel"], w["host"]
+    ks = " or ".join(f"`{k}`" for k in spec.kernels) or "your kernel"
+    if nh >= n or nk == 0:
+        head = f"{name}: the output was written on the host; the kernel wrote {nk} of {n} elements"
+    else:
+        head = (f"{name}: {nh} of {n} elements were last written on the host (the first at flat index "
+                f"{w['first_host']}); the kernel wrote {nk} of {n} elements")
+    return (head + f". Every element of the output must be stored by a thread of {ks} during your launch; the "
+            "launcher only allocates, computes the grid and launches (no copy_to_device, `out[...] = ...` or NumPy "
+            "work on the host). This scores 0.")
+
+
 # ------------------------------------------------------------------------------------------- judge
 SUSPICIOUS = {
     "sys.modules": "touches sys.modules", "gc.": "uses the garbage collector", "ctypes": "uses ctypes",
@@ -334,11 +349,14 @@ def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdi
         body = [head] + ["  " + ln for ln in lines]
         if not passed and bundle.notes:
             body += ["  note: " + n for n in bundle.notes]
+        if not passed and load_notes:
+            body += ["  note: " + n for n in load_notes]
         if flags and not passed:
             body += ["  note: your code " + f for f in flags]
         return Verdict(spec.key, title, passed, "\n".join(body), seed, time.perf_counter() - t0,
                        "ok" if passed else status, flags)
 
+    load_notes: list = []  # cells that stopped with an error while the worker loaded the code
     arrays, job_cases = {}, []
     for ci, (label, size, inputs, refs) in enumerate(cases):
         in_keys, scalar, out_keys = [], [], []
@@ -364,8 +382,14 @@ def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdi
         if res.output_tail.strip() and res.status != "output_limit":
             tail = res.output_tail.strip().splitlines()[-6:]
             lines += ["the last lines your code printed:"] + ["  " + t[:200] for t in tail]
-        return verdict(False, lines)
+        v = verdict(False, lines)
+        v.timed_out = res.status == "timeout"
+        return v
     payload = res.payload
+    if payload.get("load_errors") and payload.get("status") != "missing":
+        from .worker import load_error_lines
+
+        load_notes += load_error_lines(payload["load_errors"])
     if res.status == "error" and payload.get("traceback"):
         return verdict(False, ["the grader failed while running your code (not your fault; tell your instructor):",
                                payload.get("message", "")], status="error")
@@ -425,6 +449,11 @@ def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdi
                 got = res.outputs.get(key)
                 if got is None:
                     problems.append(f"{name}: the grader received no output")
+                    continue
+                writes = rec.get("writes") or []
+                if spec.kind == "gpu" and k < len(writes) and writes[k]["host"]:
+                    w = writes[k]
+                    problems.append(host_write_message(name, w, spec))
                     continue
                 rep = parity.compare(name, got, ref, rtol, atol)
                 if rep.problem:

@@ -16,7 +16,12 @@ error every time. While :func:`instrumented` is active:
   i >= n: return`` before the barrier) or skipped it in a branch is reported, as are threads waiting at
   different ``syncthreads()`` calls;
 - every kernel launch is recorded (kernel, module, grid, block, argument types), which the grader
-  uses to check that the student's own kernel ran and to compile it to PTX with the types it ran with.
+  uses to check that the student's own kernel ran and to compile it to PTX with the types it ran with;
+- device arrays handed to :meth:`_Session.watch` (the grader's output arrays) get a per-element record of
+  who wrote them: an element stored by a simulated GPU thread (a plain store or an atomic) counts as written
+  by the kernel; one that changed outside a launch (a copy from the host, ``out[:] = ...`` in the launcher)
+  counts as written by the host, and stays so until a kernel thread stores into it again
+  (:class:`WriteRecord`).
 
 Usage::
 
@@ -318,14 +323,104 @@ _BASE_SHAPES: dict = {}
 _NAME_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=\s*[\w.]*shared\.array")
 
 
+def _bits(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` as unsigned integers of its item size: compares NaN payloads and -0.0 exactly."""
+    c = np.array(a, copy=True, order="C")
+    return c.view(f"u{c.itemsize}") if c.itemsize in (1, 2, 4, 8) else c.view(np.uint8)
+
+
+@dataclass
+class WriteRecord:
+    """Who wrote each element of one watched output array."""
+
+    shape: tuple
+    size: int
+    kernel: np.ndarray  # bool: the element's current value was stored by a kernel thread
+    host: np.ndarray  # bool: the element's current value was changed outside a kernel launch
+
+    @property
+    def n_kernel(self) -> int:
+        return int(self.kernel.sum())
+
+    @property
+    def n_host(self) -> int:
+        return int(self.host.sum())
+
+
+class _Watched:
+    def __init__(self, dev):
+        a = dev._ary
+        self.dev = dev
+        self.addr = a.__array_interface__["data"][0]
+        self.nbytes = a.nbytes
+        self.itemsize = a.itemsize
+        self.shape = a.shape
+        self.ids = np.arange(a.size, dtype=np.int64)
+        self.kernel = np.zeros(a.size, bool)
+        self.host = np.zeros(a.size, bool)
+        self.last = _bits(a).reshape(-1)
+
+    def owns(self, view: np.ndarray) -> bool:
+        addr = view.__array_interface__["data"][0]
+        return self.addr <= addr < self.addr + self.nbytes
+
+    def mark_kernel(self, view: np.ndarray, idx) -> None:
+        from numpy.lib.stride_tricks import as_strided
+
+        start = (view.__array_interface__["data"][0] - self.addr) // self.itemsize
+        ids = as_strided(self.ids[start:], shape=view.shape,
+                         strides=tuple(st // self.itemsize * self.ids.itemsize for st in view.strides))
+        sel = np.asarray(ids[idx]).reshape(-1)
+        self.kernel[sel] = True
+        self.host[sel] = False
+
+    def sync(self, during_launch: bool) -> None:
+        """Compare with the last snapshot: what changed during a launch was written by the kernel (on top of
+        the stores seen one by one, which also count a store of an unchanged value), the rest by the host."""
+        try:
+            now = _bits(self.dev._ary).reshape(-1)
+            changed = now != self.last
+        except Exception:  # noqa: BLE001  (the array was replaced by something else: the host did it)
+            self.host[:], self.kernel[:] = True, False
+            return
+        if changed.any():
+            self.host[changed] = not during_launch
+            self.kernel[changed] = during_launch
+        self.last = now
+
+    def record(self) -> WriteRecord:
+        return WriteRecord(self.shape, int(self.ids.size), self.kernel.reshape(self.shape).copy(),
+                           self.host.reshape(self.shape).copy())
+
+
 class _Session:
     def __init__(self, track_races: bool):
         self.track_races = track_races
         self.launches: list[Launch] = []
         self.current: _Tracker | None = None
+        self.watched: list[_Watched] = []
 
     def report(self) -> RaceReport:
         return RaceReport(list(self.launches))
+
+    def watch(self, arrays) -> None:
+        """Record who writes each element of these (simulator) device arrays from now on."""
+        self.watched += [_Watched(d) for d in arrays]
+
+    def writes(self) -> list[WriteRecord]:
+        """Per watched array, in the order given to :meth:`watch`: who wrote each element, as of now."""
+        for w in self.watched:
+            w.sync(during_launch=False)
+        return [w.record() for w in self.watched]
+
+    def _kernel_store(self, view, idx) -> None:
+        for w in self.watched:
+            if w.owns(view):
+                try:
+                    w.mark_kernel(view, idx)
+                except Exception:  # noqa: BLE001  (an index we cannot map: the launch's snapshot still counts it)
+                    pass
+                return
 
 
 _active: _Session | None = None
@@ -375,6 +470,10 @@ def instrumented(track_races: bool = True):
                    if not n.startswith("_") and callable(getattr(kernelapi.FakeCUDAAtomic, n))},
     }
     orig_call, orig_sync = saved["call"], saved["sync"]
+    from numba.cuda.simulator.cudadrv import devicearray as sdevicearray
+
+    saved["setitem"] = sdevicearray.FakeCUDAArray.__setitem__
+    orig_setitem = saved["setitem"]
 
     def call(self, *args):
         if self._device or skernel._kernel_context:
@@ -384,13 +483,28 @@ def instrumented(track_races: bool = True):
                         grid, block, [_numba_type(a) for a in args])
         session.launches.append(launch)
         session.current = _Tracker(launch)
+        for w in session.watched:
+            w.sync(during_launch=False)
+        profile = sys.getprofile()  # the shortcut detector watches the launcher, not the simulator's threads
+        thread_profile = threading.getprofile() if hasattr(threading, "getprofile") else threading._profile_hook
+        sys.setprofile(None)
+        threading.setprofile(None)
         try:
             return orig_call(self, *args)
         except BaseException as e:
             launch.error = f"{type(e).__name__}: {e}"
             raise
         finally:
+            sys.setprofile(profile)
+            threading.setprofile(thread_profile)
             session.current = None
+            for w in session.watched:
+                w.sync(during_launch=True)
+
+    def setitem(self, idx, val):
+        if session.watched and getattr(threading.current_thread(), "threadIdx", None) is not None:
+            session._kernel_store(self._ary, idx)
+        return orig_setitem(self, idx, val)
 
     def syncthreads(self):
         self._rc_barrier = _caller(2)
@@ -486,6 +600,7 @@ def instrumented(track_races: bool = True):
                 raise t.exception[0].with_traceback(t.exception[1])
 
     skernel.FakeCUDAKernel.__call__ = call
+    sdevicearray.FakeCUDAArray.__setitem__ = setitem
     skernel.BlockManager.run = bm_run
     skernel.BlockThread.syncthreads = syncthreads
     kernelapi.FakeCUDAShared.array = shared_array
@@ -496,6 +611,7 @@ def instrumented(track_races: bool = True):
         yield session
     finally:
         skernel.FakeCUDAKernel.__call__ = saved["call"]
+        sdevicearray.FakeCUDAArray.__setitem__ = saved["setitem"]
         skernel.BlockManager.run = saved["bm_run"]
         skernel.BlockThread.syncthreads = saved["sync"]
         kernelapi.FakeCUDAShared.array = saved["shared"]

