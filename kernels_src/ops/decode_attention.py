@@ -537,3 +537,57 @@ def decode_attention_matmul(o, q, k, v, lengths):
         qg = qt[b0:b1].view(b1 - b0, hkv, hq // hkv, d)
         s = torch.matmul(qg, kt[b0:b1, :, :n].transpose(-1, -2)) * scale
         ot[b0:b1].copy_(torch.matmul(torch.softmax(s, dim=-1), vt[b0:b1, :, :n]).view(b1 - b0, hq, d))
+
+
+# ------------------------------------------------------------- a decode step from an empty cache
+def reference_append_decode(q, k_new, v_new):
+    """float64 oracle of kv_append_decode: the cache (B,Hkv,T,D) holds the T new tokens (head-major),
+    and o is decode attention of q over all T rows."""
+    k = np.ascontiguousarray(np.transpose(k_new, (0, 2, 1, 3)))
+    v = np.ascontiguousarray(np.transpose(v_new, (0, 2, 1, 3)))
+    lengths = np.full(q.shape[0], k.shape[2], dtype=np.int32)
+    return reference(q, k, v, lengths), k, v
+
+
+def make_inputs_append(size, dtype, rng):
+    """q (B,Hq,D), and the K and V projections of T tokens, token-major (B,T,Hkv,D), all N(0,1)."""
+    b_n, t_n, hq, hkv, d = size
+    return (rng.standard_normal((b_n, hq, d)).astype(dtype), rng.standard_normal((b_n, t_n, hkv, d)).astype(dtype),
+            rng.standard_normal((b_n, t_n, hkv, d)).astype(dtype))
+
+
+def make_edge_inputs_append(size, dtype, rng):
+    """Scores of ~1e3 in the first sequence (the softmax must subtract its max) and V of 1e30."""
+    q, k_new, v_new = make_inputs_append(size, dtype, rng)
+    q[0] *= dtype.type(300.0)
+    v_new[0, 0] = dtype.type(1e30)
+    return q, k_new, v_new
+
+
+define_op("kv_append_decode", reference=reference_append_decode, make_inputs=make_inputs_append, chapter=10,
+          title="append T tokens to an empty KV cache, then one decode step",
+          size_names=("B", "T", "Hq", "Hkv", "D"), kind="memory", tol=lambda s, dt: decode_tol((0, 0, 0, s[1]), dt),
+          output_names=("o", "K", "V"),
+          sizes={"check": [(1, 1, 1, 1, 1), (2, 7, 4, 2, 8), (1, 13, 6, 3, 16), (3, 40, 8, 1, 33)],
+                 "check_sim": [(1, 1, 1, 1, 1), (2, 7, 4, 2, 8)], "bench": [(8, 512, 32, 8, 128)],
+                 "bench_sim": [(2, 7, 4, 2, 8)]},
+          flops=lambda s: 4 * s[0] * s[2] * s[1] * s[4],
+          bytes=lambda s, b: 4 * s[0] * s[1] * s[3] * s[4] * b)
+
+
+@njit(cache=False, fastmath=FAST_MATH, error_model="numpy")
+def append_cpu(k, v, k_new, v_new):
+    b_n, t_n, hkv, d_n = k_new.shape
+    for b in range(b_n):
+        for t in range(t_n):
+            for h in range(hkv):
+                for d in range(d_n):
+                    k[b, h, t, d] = k_new[b, t, h, d]
+                    v[b, h, t, d] = v_new[b, t, h, d]
+
+
+@register("kv_append_decode", "cpu", "loop", rung=1)
+def kv_append_decode_cpu(o, k, v, q, k_new, v_new):
+    """Transpose the new tokens into the head-major cache, then rung 1 of decode_attention."""
+    append_cpu(k, v, k_new, v_new)
+    decode_loop(o, q, k, v, np.full(q.shape[0], k.shape[2], dtype=np.int32))
