@@ -67,8 +67,10 @@ and an exercise) and ``attention_bwd_dv`` (dV alone: an exercise).
 """
 from __future__ import annotations
 
+import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 from numba import float32, njit, prange
@@ -1386,3 +1388,73 @@ def attention_bwd_sdpa_math(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal):
 def attention_bwd_sdpa_default(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal):
     """torch autograd through SDPA's default fp32 backend (memory-efficient)."""
     _sdpa_bwd(dq, dk, dv, do, q, k, v, kv_len, causal, False)
+
+
+# ------------------------------------------------- "predict, then measure": the causal speed-up
+SWEEP_JSON = Path(__file__).resolve().parents[2] / "book" / "data" / "bench" / "h100" / "attention_sweep_gpu.json"
+SPEEDUP_BAND = 0.25  # the stated band: a tile-count prediction within 25 % of the measurement passes
+
+
+def causal_tile_model(S, T, BR, BC):
+    """Tiles a flash kernel with causal tile skipping visits: (all tiles, tiles at or below the diagonal)."""
+    nq = -(-S // BR)
+    full = nq * -(-T // BC)
+    seen = 0
+    for qb in range(nq):
+        last = min(S, (qb + 1) * BR) - 1 + T - S  # the last key the block's last row may see
+        seen += -(-min(T, max(0, last + 1)) // BC)
+    return full, seen
+
+
+def measured_causal_speedup(S, T, BR, BC, D=64):
+    """t(non-causal) / t(causal) of the rung-4 kernel with these tiles, from the committed H100 sweep
+    (book/data/bench/h100/attention_sweep_gpu.json), or None where it was not measured."""
+    try:
+        rows = json.loads(SWEEP_JSON.read_text())["rows"]
+    except (OSError, ValueError, KeyError):
+        return None
+    t = {r["mask"]: r["median_s"] for r in rows
+         if r.get("D") == D and r.get("BR") == BR and r.get("BC") == BC and "median_s" in r}
+    size = json.loads(SWEEP_JSON.read_text()).get("size", [None] * 5)
+    if (S, T) != (size[3], size[4]) or 0 not in t or 1 not in t:
+        return None
+    return t[0] / t[1]
+
+
+def reference_speedup(s, t, br, bc):
+    """The oracle of the predict-then-measure exercise: the MEASURED speed-up where the H100 sweep has
+    one (tolerance: SPEEDUP_BAND relative), else the tile-count ratio (exact)."""
+    m = measured_causal_speedup(int(s), int(t), int(br), int(bc))
+    if m is None:
+        full, seen = causal_tile_model(int(s), int(t), int(br), int(bc))
+        m = full / seen
+    return np.array([float(m)])
+
+
+def _speedup_inputs(size, dtype, rng):
+    return tuple(int(x) for x in size)
+
+
+def _speedup_tol(size, dtype):
+    S, T, BR, BC = size
+    if measured_causal_speedup(S, T, BR, BC) is not None:
+        return (SPEEDUP_BAND, 0.0)
+    return (1e-6, 0.0)
+
+
+define_op("attention_causal_speedup", reference=reference_speedup, make_inputs=_speedup_inputs, chapter=9,
+          title="predicted causal speed-up of tile skipping", size_names=("S", "T", "BR", "BC"), kind="compute",
+          tol=_speedup_tol, output_names=("speedup",),
+          sizes={"check": [(1, 1, 1, 1), (7, 7, 2, 3), (37, 53, 8, 4), (2048, 2048, 64, 32), (2048, 2048, 64, 48)],
+                 "check_sim": [(1, 1, 1, 1), (7, 7, 2, 3)], "bench": [(2048, 2048, 64, 32)]},
+          flops=lambda s: 1, bytes=lambda s, b: 1)
+
+
+@register("attention_causal_speedup", "cpu", "tile_model", rung=1)
+def causal_speedup_model(out, s, t, br, bc):
+    """Predicts the causal speed-up as (tiles without the mask) / (tiles at or below the diagonal).
+
+    Assumes every visited tile costs the same and nothing else costs anything: an upper bound, since
+    diagonal tiles do masked work and the launch has a fixed cost."""
+    full, seen = causal_tile_model(s, t, br, bc)
+    out[0] = full / seen
