@@ -908,15 +908,15 @@ def q8_0_rows_kernel(y, x, wq, dh):
         for c in range(8):
             xv[c] = x[k0 + c]
         for r in range(ROWS):
-            n = n0 + r
-            if n < y.size:
-                o = b * 17 + 1 + 4 * j  # the quant bytes 8j..8j+7 of block b, as 4 uint16
-                s = float32(0.0)
-                for h in range(4):
-                    v = int32(wq[n, o + h]) ^ 0x8080  # int8 -> offset binary: q + 128 in 0..255
-                    s += (int_as_float(MAGIC | (v & 0xFF)) - float32(8388736.0)) * xv[2 * h]  # 2^23 + 128
-                    s += (int_as_float(MAGIC | (v >> 8)) - float32(8388736.0)) * xv[2 * h + 1]
-                acc[r] += float32(dh[n, b * 17]) * s
+            n = min(n0 + r, y.size - 1)  # past the end: re-read the last row. No branch, so the loads
+            # of all ROWS rows can be issued before the first arrives; that row's sum is never stored
+            o = b * 17 + 1 + 4 * j  # the quant bytes 8j..8j+7 of block b, as 4 uint16
+            s = float32(0.0)
+            for h in range(4):
+                v = int32(wq[n, o + h]) ^ 0x8080  # int8 -> offset binary: q + 128 in 0..255
+                s += (int_as_float(MAGIC | (v & 0xFF)) - float32(8388736.0)) * xv[2 * h]  # 2^23 + 128
+                s += (int_as_float(MAGIC | (v >> 8)) - float32(8388736.0)) * xv[2 * h + 1]
+            acc[r] += float32(dh[n, b * 17]) * s
     _block_reduce_store(y, part, acc, n0, lane, w)
 
 
@@ -939,15 +939,15 @@ def q4_0_rows_kernel(y, x, wq, dh):
             xv[c] = x[k0 + c]
             xv[4 + c] = x[k0 + 16 + c]
         for r in range(ROWS):
-            n = n0 + r
-            if n < y.size:
-                o = b * 9 + 1 + 2 * j
-                v = int32(wq[n, o]) | (int32(wq[n, o + 1]) << 16)  # 4 bytes = 8 nibbles
-                s = float32(0.0)
-                for c in range(4):
-                    s += (int_as_float(MAGIC | ((v >> (8 * c)) & 15)) - float32(8388616.0)) * xv[c]  # 2^23 + 8
-                    s += (int_as_float(MAGIC | ((v >> (8 * c + 4)) & 15)) - float32(8388616.0)) * xv[4 + c]
-                acc[r] += float32(dh[n, b * 9]) * s
+            n = min(n0 + r, y.size - 1)  # past the end: re-read the last row. No branch, so the loads
+            # of all ROWS rows can be issued before the first arrives; that row's sum is never stored
+            o = b * 9 + 1 + 2 * j
+            v = int32(wq[n, o]) | (int32(wq[n, o + 1]) << 16)  # 4 bytes = 8 nibbles
+            s = float32(0.0)
+            for c in range(4):
+                s += (int_as_float(MAGIC | ((v >> (8 * c)) & 15)) - float32(8388616.0)) * xv[c]  # 2^23 + 8
+                s += (int_as_float(MAGIC | ((v >> (8 * c + 4)) & 15)) - float32(8388616.0)) * xv[4 + c]
+            acc[r] += float32(dh[n, b * 9]) * s
     _block_reduce_store(y, part, acc, n0, lane, w)
 
 
@@ -986,18 +986,18 @@ def q8_0_q8act_kernel(y, xq4, xd, wq, dh):
         xb = int32(xq4[b * 8 + 2 * j + 1])  # 8j+4..8j+7
         dx = xd[b]
         for r in range(ROWS):
-            n = n0 + r
-            if n < y.size:
-                o = b * 17 + 1 + 4 * j
-                v0 = int32(wq[n, o])
-                v1 = int32(wq[n, o + 1])
-                v2 = int32(wq[n, o + 2])
-                v3 = int32(wq[n, o + 3])
-                s = int32(_sbyte(v0) * _sbyte(xa) + _sbyte(v0 >> 8) * _sbyte(xa >> 8)
-                     + _sbyte(v1) * _sbyte(xa >> 16) + _sbyte(v1 >> 8) * _sbyte(xa >> 24)
-                     + _sbyte(v2) * _sbyte(xb) + _sbyte(v2 >> 8) * _sbyte(xb >> 8)
-                     + _sbyte(v3) * _sbyte(xb >> 16) + _sbyte(v3 >> 8) * _sbyte(xb >> 24))
-                acc[r] += float32(dh[n, b * 17]) * dx * float32(s)
+            n = min(n0 + r, y.size - 1)  # past the end: re-read the last row. No branch, so the loads
+            # of all ROWS rows can be issued before the first arrives; that row's sum is never stored
+            o = b * 17 + 1 + 4 * j
+            v0 = int32(wq[n, o])
+            v1 = int32(wq[n, o + 1])
+            v2 = int32(wq[n, o + 2])
+            v3 = int32(wq[n, o + 3])
+            s = int32(_sbyte(v0) * _sbyte(xa) + _sbyte(v0 >> 8) * _sbyte(xa >> 8)
+                 + _sbyte(v1) * _sbyte(xa >> 16) + _sbyte(v1 >> 8) * _sbyte(xa >> 24)
+                 + _sbyte(v2) * _sbyte(xb) + _sbyte(v2 >> 8) * _sbyte(xb >> 8)
+                 + _sbyte(v3) * _sbyte(xb >> 16) + _sbyte(v3 >> 8) * _sbyte(xb >> 24))
+            acc[r] += float32(dh[n, b * 17]) * dx * float32(s)
     _block_reduce_store(y, part, acc, n0, lane, w)
 
 
@@ -1017,15 +1017,15 @@ def q4_0_q8act_kernel(y, xq4, xd, wq, dh):
         xb = int32(xq4[b * 8 + 4 + j])  # 4j+16..4j+19
         dx = xd[b]
         for r in range(ROWS):
-            n = n0 + r
-            if n < y.size:
-                o = b * 9 + 1 + 2 * j
-                v = int32(wq[n, o]) | (int32(wq[n, o + 1]) << 16)
-                s = int32(0)
-                for c in range(4):
-                    byte = (v >> (8 * c)) & 0xFF
-                    s = int32(s + ((byte & 15) - 8) * _sbyte(xa >> (8 * c)) + ((byte >> 4) - 8) * _sbyte(xb >> (8 * c)))
-                acc[r] += float32(dh[n, b * 9]) * dx * float32(s)
+            n = min(n0 + r, y.size - 1)  # past the end: re-read the last row. No branch, so the loads
+            # of all ROWS rows can be issued before the first arrives; that row's sum is never stored
+            o = b * 9 + 1 + 2 * j
+            v = int32(wq[n, o]) | (int32(wq[n, o + 1]) << 16)
+            s = int32(0)
+            for c in range(4):
+                byte = (v >> (8 * c)) & 0xFF
+                s = int32(s + ((byte & 15) - 8) * _sbyte(xa >> (8 * c)) + ((byte >> 4) - 8) * _sbyte(xb >> (8 * c)))
+            acc[r] += float32(dh[n, b * 9]) * dx * float32(s)
     _block_reduce_store(y, part, acc, n0, lane, w)
 
 
@@ -1067,7 +1067,7 @@ def _gpu_rungs(fmt):
         from .reductions import torch_view
 
         W = torch_view(dequantized_fp32(Wq, fmt, "KN", device_array=True))
-        torch.matmul(torch_view(x), W, out=torch_view(y))
+        torch.matmul(torch_view(x).unsqueeze(0), W, out=torch_view(y).unsqueeze(0))  # (1,K) @ (K,N)
 
     register(op, "gpu", "torch", baseline=True, bytes=fp32_bytes, requires=_torch_gpu)(torch_fn)
 
