@@ -1,0 +1,143 @@
+"""Chapter 11: quantization. GGML Q8_0 / Q4_0 bit-compatibility on hand-worked blocks (the sign of the Q4_0
+scale, the +8.5 truncation, roundf's ties, d = 0), the packed byte layout, the int8 schemes, and every
+quantizer (CPU and GPU) bit-exact against the reference."""
+import numpy as np
+import pytest
+
+import kernels_src
+from kernels_src import parity
+from kernels_src.ops import quant as q
+
+
+def _block(vals):
+    x = np.zeros(32, np.float32)
+    x[: len(vals)] = vals
+    return x.reshape(1, 32)
+
+
+def _d(block_bytes):
+    return float(block_bytes[0:2].copy().view(np.float16)[0])
+
+
+def test_q8_0_hand_worked_block():
+    # amax 127 -> d = 1 exactly; x*1 rounded half away from zero: 63.5 -> 64, -0.5 -> -1, 2.5 -> 3
+    x = _block([127.0, 63.5, -0.5, 2.5, -2.5, 0.49, -127.0])
+    b = q.q8_0_quantize_ref(x)[0]
+    assert b.shape == (34,)
+    assert _d(b) == 1.0 and b[0:2].tobytes() == b"\x00\x3c"  # fp16 1.0 = 0x3C00, little-endian
+    qs = b[2:].view(np.int8)
+    np.testing.assert_array_equal(qs[:7], [127, 64, -1, 3, -3, 0, -127])
+    np.testing.assert_array_equal(qs[7:], 0)
+
+
+def test_q8_0_scale_is_rounded_to_fp16_after_computing_1_over_d():
+    x = _block([1.0, 0.3])
+    b = q.q8_0_quantize_ref(x)[0]
+    d32 = np.float32(1.0) / np.float32(127)
+    assert _d(b) == float(np.float16(d32))
+    assert b[3].view(np.int8) == int(np.floor(float(np.float32(0.3) * (np.float32(1) / d32)) + 0.5))
+
+
+def test_q4_0_hand_worked_block_sign_and_truncation():
+    # signed max is -8 (larger magnitude than +4): d = -8/-8 = +1; q = min(15, trunc(x/1 + 8.5))
+    x = np.zeros(32, np.float32)
+    x[0], x[1], x[2], x[3], x[16], x[17] = -8.0, 4.0, 7.6, -0.6, 0.5, 7.9
+    b = q.q4_0_quantize_ref(x.reshape(1, 32))[0]
+    assert b.shape == (18,)
+    assert _d(b) == 1.0
+    lo, hi = b[2:] & 15, b[2:] >> 4
+    # -8+8.5=0.5->0; 4+8.5=12.5->12; 7.6+8.5=16.1->16->15 (clamped); -0.6+8.5=7.9->7; 0->8
+    np.testing.assert_array_equal(lo[:5], [0, 12, 15, 7, 8])
+    np.testing.assert_array_equal(hi[:3], [9, 15, 8])  # x16=0.5 -> 9; x17=7.9 -> 16.4 -> 15
+    # a positive max gives a negative scale: the largest value maps to q = 0
+    b2 = q.q4_0_quantize_ref((-x).reshape(1, 32))[0]
+    assert _d(b2) == -1.0 and (b2[2] & 15) == 0
+
+
+def test_q4_0_tie_first_wins():
+    b = q.q4_0_quantize_ref(_block([-3.0, 3.0]))[0]
+    assert _d(b) == pytest.approx(3 / 8)  # max = -3 (the first), d = -3/-8 > 0
+    b = q.q4_0_quantize_ref(_block([3.0, -3.0]))[0]
+    assert _d(b) == pytest.approx(-3 / 8)
+
+
+def test_q4_0_float32_steps_matter():
+    """GGML adds 8.5f in float32: a product just below an integer - 8.5 rounds up to it in float32 and
+    the truncation then keeps the larger value. The reference reproduces that, float64 would not."""
+    d = np.float32(-8.0 / -8)
+    x = np.float32(np.nextafter(np.float32(-0.5), np.float32(0)) - np.float32(3e-8))
+    xs = _block([-8.0, x])
+    b = q.q4_0_quantize_ref(xs)[0]
+    v32 = np.float32(np.float32(x) * (np.float32(1) / d)) + np.float32(8.5)
+    assert (b[3] & 15) == min(15, int(v32))
+
+
+def test_zero_block_scales():
+    z = np.zeros((1, 32), np.float32)
+    b8, b4 = q.q8_0_quantize_ref(z)[0], q.q4_0_quantize_ref(z)[0]
+    assert _d(b8) == 0.0 and not b8[2:].any()
+    assert _d(b4) == 0.0 and (b4[2:] == 0x88).all()  # q = 8 in both nibbles
+    np.testing.assert_array_equal(q.q4_0_dequantize_ref(b4[None]), 0.0)
+
+
+def test_q4_0_nibble_layout():
+    qs = np.arange(16, dtype=np.uint8) | (np.arange(16, dtype=np.uint8)[::-1] << 4)
+    blk = np.r_[np.frombuffer(np.float16(0.5).tobytes(), np.uint8), qs][None]
+    v = q.q4_0_dequantize_ref(blk)[0]
+    np.testing.assert_array_equal(v[:16], (np.arange(16) - 8) * 0.5)  # low nibbles: elements 0..15
+    np.testing.assert_array_equal(v[16:], (np.arange(16)[::-1] - 8) * 0.5)  # high nibbles: 16..31
+
+
+def test_round_trip_errors_bounded():
+    x = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
+    # Q4_0: 16 levels for a signed range: the side opposite the max clamps at q = 15 (7 steps), so the
+    # error there reaches a whole step; Q8_0's is half a step
+    for fmt, steps, half in (("q8_0", 127, 0.5), ("q4_0", 8, 1.0)):
+        xb = q.DEQUANT[fmt](q.QUANT[fmt](x)).reshape(4, 8, 32)
+        amax = np.abs(x.reshape(4, 8, 32)).max(-1, keepdims=True)
+        # half a step, plus the fp16 rounding of d (relative 2^-11) times the largest |q|
+        assert (np.abs(xb - x.reshape(4, 8, 32)) <= amax / steps * (half + 1e-3 * (steps + 1))).all()
+
+
+@pytest.mark.parametrize("op", ["q8_0_quantize", "q4_0_quantize"])
+def test_quantizers_bit_exact_on_edge_blocks(op):
+    o = kernels_src.get_op(op)
+    for v in o.variants:
+        ok, why = v.available()
+        if not ok:
+            continue
+        for size in [(3, 64), (2, 256)]:
+            inputs = q.make_quant_edge_inputs(size, np.dtype("float32"), np.random.default_rng(size[1]))
+            ref = parity.reference_outputs(o, inputs)
+            out = parity.run_variant(v, inputs, parity.empty_outputs(ref, "float32"))
+            np.testing.assert_array_equal(out[0], ref[0], err_msg=v.key)
+
+
+def test_int8_schemes_and_outliers():
+    rng = np.random.default_rng(1)
+    w = q.outlier_weights((64, 256), rng, outlier_frac=0.002, outlier_scale=50.0)
+    e_tensor = q.errors(w, q.int8_symmetric(w)[0])
+    e_row = q.errors(w, q.int8_symmetric(w, axis=1)[0])
+    e_block = q.errors(w, q.int8_symmetric(w, block=32)[0])
+    assert e_block["mse"] < e_row["mse"] < e_tensor["mse"]
+    w_hat, qq, scale, zp = q.int8_asymmetric(w, axis=1)
+    assert qq.min() >= -128 and qq.max() <= 127
+    assert np.abs(w_hat - w).max() <= scale.max() / 2 + 1e-12
+    z = np.zeros((2, 32))
+    np.testing.assert_array_equal(q.int8_asymmetric(z, axis=1)[0], 0.0)
+
+
+def test_qgemv_bytes_per_weight():
+    s = (8192, 8192)
+    o8, o4 = kernels_src.get_op("qgemv_q8_0"), kernels_src.get_op("qgemv_q4_0")
+    assert o8.bytes(s, 4) / (s[0] * s[1]) == pytest.approx(34 / 32, rel=3e-3)
+    assert o4.bytes(s, 4) / (s[0] * s[1]) == pytest.approx(18 / 32, rel=3e-3)
+
+
+def test_committed_h100_json_has_the_ladder():
+    from pathlib import Path
+
+    for fmt in ("q8_0", "q4_0"):
+        d = kernels_src.bench.load_json(Path(__file__).parents[1] / f"book/data/bench/h100/qgemv_{fmt}_gpu.json")
+        names = {r["variant"] for r in d["rows"] if r.get("size") == [8192, 8192] and "median_s" in r}
+        assert {"torch", "fp32_gemv", "rows", "q8act"} <= names
