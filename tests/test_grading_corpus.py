@@ -30,6 +30,8 @@ def test_corpus_case(name, tmp_path, monkeypatch):
         monkeypatch.setattr(sandbox, "DEFAULT_TIMEOUT", float(exp["timeout"]))
     sub = corpus_submission(name, tmp_path)
     rec = grade_submission(sub, autograder(), jobs=2, run_otter=exp.get("otter", False), questions=exp["questions"])
+    if "max_seconds" in exp:  # a hanging question stops after its first timeout
+        assert rec.seconds < exp["max_seconds"], f"{name}: graded in {rec.seconds:.1f} s"
     outputs = outputs_by_question(rec.results)
     got = {q: rec.per_question[q][0] for q in exp["scores"]}
     assert got == exp["scores"], f"{name}: scores {got}, expected {exp['scores']}\n{json.dumps(outputs, indent=1)[:6000]}"
