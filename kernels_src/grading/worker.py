@@ -447,6 +447,39 @@ class _Tripwire:
                 self.calls.append("something that switched off the grader's call monitor (sys.setprofile)")
         self.armed = False
 
+    def compiled_calls(self, fn) -> list[str]:
+        """What a compiled @njit answer calls, from Numba's own typing of it (and of the @njit functions it
+        calls): NumPy's products and reductions, whatever name or closure they were reached through."""
+        import numpy as np
+        from numba.core import types
+
+        found, todo, seen = [], [fn], set()
+        while todo:
+            disp = todo.pop()
+            if id(disp) in seen or not hasattr(disp, "overloads"):
+                continue
+            seen.add(id(disp))
+            for cres in list(disp.overloads.values()):
+                typemap = getattr(getattr(cres, "type_annotation", None), "typemap", None) or {}
+                for t in typemap.values():
+                    if isinstance(t, types.Dispatcher):
+                        todo.append(t.dispatcher)
+                    elif isinstance(t, types.BoundFunction) and isinstance(t.typing_key, tuple) \
+                            and len(t.typing_key) == 2 and t.typing_key[1] in _ARRAY_METHODS:
+                        canonical = _ARRAY_METHODS[t.typing_key[1]]
+                        if canonical not in self.allow:
+                            found.append(f"`ndarray.{t.typing_key[1]}()` (in compiled code)")
+                    elif isinstance(t, types.Function):
+                        key = t.typing_key
+                        mod = getattr(key, "__module__", "") or ""
+                        name = getattr(key, "__name__", "")
+                        if (mod.startswith("numpy") or key is getattr(np, name, None)) and name in _NUMPY_FUNCS \
+                                and _NUMPY_FUNCS[name] not in self.allow:
+                            found.append(f"`np.{name}` (in compiled code)")
+                        elif mod.startswith("numpy.linalg") and "linalg" not in self.allow:
+                            found.append(f"`np.linalg.{name}` (in compiled code)")
+        return found
+
     @staticmethod
     def precompile(fn, args) -> None:
         """Compile an @njit answer for these arguments before the monitor is armed (compiling runs a lot of
@@ -673,6 +706,10 @@ def run_job(job, mod, where, result) -> dict:
                     fn(*outs, *inputs)
                 finally:
                     tripwire.disarm()
+                    try:
+                        tripwire.calls += tripwire.compiled_calls(fn)
+                    except Exception:  # noqa: BLE001  (Numba internals moved: the static scan still holds)
+                        pass
                 got, after = outs, inputs
         except BaseException as e:  # noqa: BLE001  (student code may raise anything, SystemExit included)
             rec["error"] = _exc_info(e, where)
