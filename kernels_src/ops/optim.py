@@ -230,8 +230,8 @@ def make_edge_inputs(size, dtype, rng):
 
 def _adam_coeffs(step, lr, beta1, beta2, eps, wd, decoupled=True):
     """Host-side scalars (float64 math, handed to kernels as float32): decay factor, step size lr/bc1,
-    1/sqrt(bc2), and the L2 coefficient. Bias corrections are computed once per step, not per element; 1 - beta is rounded once from float64
-    (1 - float32(0.999) would be off by 1.3e-5 relative)."""
+    1/sqrt(bc2), and the L2 coefficient. Bias corrections are computed once per step, not per element;
+    1 - beta is rounded once from float64 (1 - float32(0.999) would be off by 1.3e-5 relative)."""
     bc1 = 1.0 - beta1**step
     bc2 = 1.0 - beta2**step
     decay = 1.0 - lr * wd if decoupled else 1.0
@@ -325,13 +325,15 @@ def _adam_elem(p, g, m, v, decay, l2, b1, omb1, b2, omb2, step_size, inv_sqrt_bc
 @njit(cache=True)
 def _adam_loop(p_new, m_new, v_new, p, g, m, v, decay, l2, b1, omb1, b2, omb2, step_size, isb, eps):
     for i in range(p.size):
-        p_new[i], m_new[i], v_new[i] = _adam_elem(p[i], g[i], m[i], v[i], decay, l2, b1, omb1, b2, omb2, step_size, isb, eps)
+        p_new[i], m_new[i], v_new[i] = _adam_elem(p[i], g[i], m[i], v[i], decay, l2, b1, omb1, b2, omb2,
+                                                  step_size, isb, eps)
 
 
 @njit(cache=True, parallel=True)
 def _adam_prange(p_new, m_new, v_new, p, g, m, v, decay, l2, b1, omb1, b2, omb2, step_size, isb, eps):
     for i in prange(p.size):
-        p_new[i], m_new[i], v_new[i] = _adam_elem(p[i], g[i], m[i], v[i], decay, l2, b1, omb1, b2, omb2, step_size, isb, eps)
+        p_new[i], m_new[i], v_new[i] = _adam_elem(p[i], g[i], m[i], v[i], decay, l2, b1, omb1, b2, omb2,
+                                                  step_size, isb, eps)
 
 
 @register("adam", "cpu", "loop", rung=1)
