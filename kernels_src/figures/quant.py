@@ -1,0 +1,197 @@
+"""Figures and tables for the quantization chapter: error sweeps on outlier weights, the GGML byte layout,
+the histogram widget, and the accuracy-versus-speed table built from committed H100 JSON."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops import quant as q
+from ..plots import load_bench
+
+
+def error_table(w) -> list[dict]:
+    """MSE, max error and SNR of every scheme on weights w (M, K)."""
+    out = []
+    for name, fn in [("int8 sym, per tensor", lambda: q.int8_symmetric(w)[0]),
+                     ("int8 sym, per row", lambda: q.int8_symmetric(w, axis=1)[0]),
+                     ("int8 sym, block 32", lambda: q.int8_symmetric(w, block=32)[0]),
+                     ("int8 asym, per row", lambda: q.int8_asymmetric(w, axis=1)[0]),
+                     ("Q8_0 (GGML)", lambda: q.q8_0_dequantize_ref(q.q8_0_quantize_ref(w))),
+                     ("Q4_0 (GGML)", lambda: q.q4_0_dequantize_ref(q.q4_0_quantize_ref(w)))]:
+        out.append({"scheme": name, **q.errors(w, fn())})
+    return out
+
+
+def markdown_errors(rows) -> str:
+    t = ["| scheme | MSE | max abs error | SNR (dB) |", "|---|---|---|---|"]
+    t += [f"| {r['scheme']} | {r['mse']:.2e} | {r['max']:.2e} | {r['snr_db']:.1f} |" for r in rows]
+    return "\n".join(t)
+
+
+def snr_vs_block(w, blocks=(32, 64, 128, 256, 512, 1024, 4096)):
+    """SNR of symmetric int8 and of a 4-bit symmetric scheme with one scale per `block` weights."""
+    res = {"block": list(blocks), "int8": [], "int4": []}
+    for b in blocks:
+        res["int8"].append(q.errors(w, q.int8_symmetric(w, block=b)[0])["snr_db"])
+        g = w.reshape(*w.shape[:-1], -1, b).astype(np.float64)
+        s = np.abs(g).max(-1, keepdims=True) / 7
+        s[s == 0] = 1
+        res["int4"].append(q.errors(w, (np.clip(np.rint(g / s), -8, 7) * s).reshape(w.shape))["snr_db"])
+    return res
+
+
+def plot_snr_vs_block(w, ax=None):
+    import matplotlib.pyplot as plt
+
+    r = snr_vs_block(w)
+    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+    ax.semilogx(r["block"], r["int8"], "o-", label="int8, symmetric")
+    ax.semilogx(r["block"], r["int4"], "s-", label="int4, symmetric")
+    ax.set_xlabel("weights per scale (block size)")
+    ax.set_ylabel("SNR (dB), higher is better")
+    ax.set_title("smaller blocks isolate the outliers")
+    ax.legend()
+    return ax
+
+
+def plot_byte_layout(ax=None):
+    """The two blocks, byte by byte: the fp16 scale, then the quants (Q4_0: two nibbles per byte)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    fig, ax = plt.subplots(figsize=(11, 2.8)) if ax is None else (ax.figure, ax)
+    for row, (name, nq, y) in enumerate([("Q8_0: 34 bytes", 32, 1.6), ("Q4_0: 18 bytes", 16, 0.2)]):
+        ax.text(-0.3, y + 0.35, name, ha="right", va="center", fontsize=10)
+        for i in range(2):
+            ax.add_patch(Rectangle((i, y), 1, 0.7, fc="#f4b183", ec="k"))
+        ax.text(1, y + 0.35, "d (fp16)", ha="center", va="center", fontsize=8)
+        for j in range(nq):
+            if name.startswith("Q8"):
+                ax.add_patch(Rectangle((2 + j, y), 1, 0.7, fc="#9dc3e6", ec="k"))
+                ax.text(2.5 + j, y + 0.35, f"q{j}", ha="center", va="center", fontsize=6)
+            else:
+                ax.add_patch(Rectangle((2 + 2 * j, y), 1, 0.7, fc="#a9d18e", ec="k"))
+                ax.add_patch(Rectangle((3 + 2 * j, y), 1, 0.7, fc="#c5e0b4", ec="k"))
+                ax.text(2.5 + 2 * j, y + 0.35, f"{j}", ha="center", va="center", fontsize=6)
+                ax.text(3.5 + 2 * j, y + 0.35, f"{j + 16}", ha="center", va="center", fontsize=6)
+    ax.text(2, -0.35, "Q4_0 byte j (drawn as two halves): low nibble = element j, high nibble = element j+16; "
+            "value = (nibble - 8) * d.   Q8_0: value = q * d, q an int8.", fontsize=8)
+    ax.set_xlim(-4.5, 35)
+    ax.set_ylim(-0.6, 2.5)
+    ax.axis("off")
+    return ax
+
+
+def histogram_widget(seed=0):
+    """A histogram of one row of weights with the quantization grid of its first block drawn over it;
+    sliders for the block size and the outlier magnitude."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal(4096) * 0.02
+    where = rng.random(4096) < 0.002
+
+    def draw(block=32, outlier=20.0, bits=8):
+        w = base.copy()
+        w[where] *= outlier
+        levels = 2 ** (bits - 1) - 1
+        first = w[:block]
+        scale = np.abs(first).max() / levels
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        ax.hist(w, bins=200, color="#9dc3e6")
+        shown = np.arange(-levels, levels + 1) * scale
+        shown = shown[np.abs(shown) <= 0.12]
+        for g in shown:
+            ax.axvline(g, color="k", lw=0.4, alpha=0.6)
+        wb = w[: (w.size // block) * block].reshape(-1, block)
+        s = np.abs(wb).max(1, keepdims=True) / levels
+        e = q.errors(wb, np.clip(np.rint(wb / s), -levels, levels) * s)
+        ax.set_xlim(-0.12, 0.12)
+        ax.set_title(f"int{bits}, one scale per {block} weights: grid of the first block ({scale:.2e} apart), "
+                     f"SNR over all blocks {e['snr_db']:.1f} dB", fontsize=9)
+        ax.set_xlabel("weight value")
+        plt.show()
+
+    return widgets.interact(draw, block=widgets.SelectionSlider(options=[32, 64, 128, 256, 1024, 4096], value=32),
+                            outlier=widgets.FloatLogSlider(value=20, base=10, min=0, max=2.5, step=0.1),
+                            bits=widgets.IntSlider(value=8, min=3, max=8))
+
+
+def gemv_relative_error(fmt, K=1024, N=256, seed=0):
+    """Relative L2 error of y = x . dequant(quant(W)) against fp32 y on outlier-bearing weights."""
+    rng = np.random.default_rng(seed)
+    W = q.outlier_weights((N, K), rng).astype(np.float64)
+    x = rng.standard_normal(K)
+    y = W @ x
+    if fmt == "fp32":
+        return 0.0
+    yq = q.DEQUANT[fmt](q.QUANT[fmt](W.astype(np.float32))) @ x
+    return float(np.linalg.norm(yq - y) / np.linalg.norm(y))
+
+
+def row(res, variant, size):
+    for r in res["rows"]:
+        if r["variant"] == variant and tuple(r["size"]) == tuple(size) and "median_s" in r:
+            return r
+    return None
+
+
+def accuracy_speed(size=(8192, 8192)):
+    """Per format: bytes per weight, GEMV error, the fastest course kernel's time and GB/s, and its
+    speed-up over chapter 4's fp32 GEMV and over torch, from the committed H100 files."""
+    out = []
+    base = None
+    for fmt in ("q8_0", "q4_0"):
+        res = load_bench(f"h100/qgemv_{fmt}_gpu")
+        best = min((r for r in res["rows"] if "median_s" in r and not r["baseline"] and tuple(r["size"]) == size),
+                   key=lambda r: r["median_s"])
+        fp32 = row(res, "fp32_gemv", size)
+        torch = row(res, "torch", size)
+        if base is None:
+            base = {"format": "fp32 (chapter 4, splitk_grid)", "bpw": 4.0, "err": 0.0, "variant": "fp32_gemv",
+                    "time": fp32["median_s"], "gbps": fp32["gbps"], "frac": fp32.get("frac_copy_bw"),
+                    "vs_fp32": 1.0, "vs_torch": torch["median_s"] / fp32["median_s"], "predicted": 1.0}
+            out.append(base)
+        bpw = q.FORMATS[fmt] / q.QK
+        out.append({"format": fmt.upper(), "bpw": bpw, "err": gemv_relative_error(fmt), "variant": best["variant"],
+                    "time": best["median_s"], "gbps": best["gbps"], "frac": best.get("frac_copy_bw"),
+                    "vs_fp32": fp32["median_s"] / best["median_s"], "vs_torch": torch["median_s"] / best["median_s"],
+                    "predicted": 4.0 / bpw})
+    return out
+
+
+def markdown_accuracy_speed(rows) -> str:
+    from ..bench import fmt_time
+
+    t = ["| format | bytes/weight | GEMV rel. error | best kernel | time | GB/s (bytes read) | % of copy | "
+         "predicted speed-up (4/bytes) | measured vs fp32 GEMV | vs torch fp32 |", "|" + "---|" * 10]
+    for r in rows:
+        t.append(f"| {r['format']} | {r['bpw']:.4g} | {r['err']:.2e} | `{r['variant']}` | {fmt_time(r['time'], 'µs')} | "
+                 f"{r['gbps']:,.0f} | {100 * r['frac']:.0f} % | {r['predicted']:.2f}× | {r['vs_fp32']:.2f}× | "
+                 f"{r['vs_torch']:.2f}× |")
+    return "\n".join(t)
+
+
+def ncu_metrics(path=None) -> dict:
+    """Parse the committed Nsight Compute report (book/data/bench/h100/qgemv_ncu.txt) into
+    {kernel name: {metric: value}} for the metrics the chapter quotes."""
+    import re
+
+    from ..plots import DATA
+
+    path = path or DATA / "h100" / "qgemv_ncu.txt"
+    out, cur = {}, None
+    want = {"DRAM Throughput": "dram_pct", "Compute (SM) Throughput": "sm_pct", "Duration": "duration_us",
+            "Achieved Occupancy": "occupancy_pct", "Registers Per Thread": "registers",
+            "Block Limit Registers": "blocks_per_sm"}
+    for line in open(path):
+        m = re.match(r"^  (\w+_kernel)\[", line)
+        if m:
+            cur = out.setdefault(m.group(1), {})
+            continue
+        if cur is None:
+            continue
+        for label, key in want.items():
+            if line.strip().startswith(label) and key not in cur:
+                cur[key] = float(line.split()[-1].replace(",", ""))
+    return out
