@@ -152,24 +152,6 @@ def test_fused_cache_write_touches_only_its_rows(key):
 
 
 # ------------------------------------------------------------------------- incremental decoding
-def causal_attention_with_rope(x, wq, wk, wv, hq, hkv, cos, sin):
-    """float64 full causal attention over a whole sequence x (T,C), RoPE at positions 0..T-1."""
-    t_n = x.shape[0]
-    d = wq.shape[1] // hq
-    pos = np.arange(t_n)
-    q = rope.rotate((x @ wq).reshape(t_n, hq, d), pos, cos, sin)
-    k = rope.rotate((x @ wk).reshape(t_n, hkv, d), pos, cos, sin)
-    v = (x @ wv).reshape(t_n, hkv, d)
-    g = hq // hkv
-    out = np.zeros((t_n, hq, d))
-    for h in range(hq):
-        s = q[:, h] @ k[:, h // g].T / math.sqrt(d)
-        s[np.triu_indices(t_n, 1)] = -np.inf
-        p = np.exp(s - s.max(1, keepdims=True))
-        out[:, h] = (p / p.sum(1, keepdims=True)) @ v[:, h // g]
-    return out
-
-
 @pytest.mark.parametrize("decode", ["cpu/loop", "cpu/prange", "gpu/block", "gpu/splitk"])
 def test_incremental_decoding_equals_full_causal_attention(decode):
     """Token by token: the fused RoPE + cache write puts token t at row t, decode attention reads rows
@@ -179,7 +161,7 @@ def test_incremental_decoding_equals_full_causal_attention(decode):
     x = rng.standard_normal((t_n, c))
     wq, wk, wv = (rng.standard_normal((c, h * d)) / math.sqrt(c) for h in (hq, hkv, hkv))
     cos, sin = rope.cos_sin_cache(l_max, d)
-    full = causal_attention_with_rope(x, wq, wk, wv, hq, hkv, cos.astype(np.float64), sin.astype(np.float64))
+    full = fig.causal_attention_with_rope(x, wq, wk, wv, hq, hkv, cos.astype(np.float64), sin.astype(np.float64))
     k_cache = np.full((1, hkv, l_max, d), np.nan, np.float32)
     v_cache = np.full((1, hkv, l_max, d), np.nan, np.float32)
     write = kernels_src.get_variant("rope_kv_write/cpu/loop").fn

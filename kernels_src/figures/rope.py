@@ -172,6 +172,31 @@ def plot_relative_scores(m=50, ax=None, n_max=200):
     return ax
 
 
+# ------------------------------------------------------------------------------- incremental decoding
+def _rope():
+    from ..ops import rope
+
+    return rope
+
+
+def causal_attention_with_rope(x, wq, wk, wv, hq, hkv, cos, sin):
+    """float64 full causal attention over a whole sequence x (T,C), RoPE at positions 0..T-1."""
+    t_n = x.shape[0]
+    d = wq.shape[1] // hq
+    pos = np.arange(t_n)
+    q = _rope().rotate((x @ wq).reshape(t_n, hq, d), pos, cos, sin)
+    k = _rope().rotate((x @ wk).reshape(t_n, hkv, d), pos, cos, sin)
+    v = (x @ wv).reshape(t_n, hkv, d)
+    g = hq // hkv
+    out = np.zeros((t_n, hq, d))
+    for h in range(hq):
+        s = q[:, h] @ k[:, h // g].T / math.sqrt(d)
+        s[np.triu_indices(t_n, 1)] = -np.inf
+        p = np.exp(s - s.max(1, keepdims=True))
+        out[:, h] = (p / p.sum(1, keepdims=True)) @ v[:, h // g]
+    return out
+
+
 # ------------------------------------------------------------------------------- decode figures
 def decode_rows(result, b=1, hq=32, hkv=8, d=128):
     out = {}
@@ -339,3 +364,41 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ------------------------------------------------------------------------------- tables
+def prediction(variant) -> str:
+    """The sentence of a variant's docstring that predicts its speed (from the registry)."""
+    import re
+
+    doc = " ".join(variant.doc.split())
+    for sent in re.split(r"(?<=\.)\s+", doc):
+        if "redict" in sent:
+            return sent.rstrip(".")
+    return variant.summary
+
+
+def ladder_table(result: dict, size) -> str:
+    """Markdown: rung, variant, the registry's prediction, measured time, GB/s, % of copy, vs the
+    fastest baseline, for one size of one benchmark file."""
+    import kernels_src
+    from ..bench import fmt_time
+
+    lines = ["| rung | variant | predicted (docstring) | median | GB/s | % of copy | vs best torch |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if "median_s" not in r or tuple(r["size"]) != tuple(size):
+            continue
+        v = kernels_src.get_variant(f"{result['op']}/gpu/{r['variant']}")
+        pred = "baseline" if r["baseline"] else prediction(v)
+        vs = f"{r['vs_baseline']:.2f}x" if "vs_baseline" in r else "-"
+        lines.append(f"| {'base' if r['baseline'] else r['rung']} | `{r['variant']}` | {pred} | "
+                     f"{fmt_time(r['median_s'], 'µs')} | {r['gbps']:,.0f} | {100 * r['frac_copy_bw']:.0f} % | {vs} |")
+    return "\n".join(lines)
+
+
+def row(result: dict, variant: str, size) -> dict:
+    for r in result["rows"]:
+        if r["variant"] == variant and tuple(r["size"]) == tuple(size) and "median_s" in r:
+            return r
+    raise KeyError(f"{result['op']}: no row {variant} at {size}")

@@ -154,7 +154,7 @@ OPS = {("rope", False, False), ("rope_bwd", False, True), ("rope_interleaved", T
 def make_cpu(interleaved, inverse, parallel):
     sgn = np.float32(-1.0 if inverse else 1.0)
 
-    @njit(parallel=parallel, cache=False, fastmath=True)
+    @njit(parallel=parallel, cache=False, fastmath=FAST_MATH, error_model="numpy")
     def rope_cpu(y, x, pos, cos, sin):
         # x (T,H,D), pos (T,), cos/sin (P,R/2) -> y (T,H,D)
         t_n, h_n, d_n = x.shape
@@ -515,7 +515,7 @@ define_op("rope_kv_write", reference=reference_kv, make_inputs=make_inputs_kv, c
           bytes=lambda s, b: 2 * s[0] * s[1] * (s[2] + 2 * s[3]) * s[4] * b + s[0] * s[1] * s[4] * b)
 
 
-@njit(cache=False, fastmath=True)
+@njit(cache=False, fastmath=FAST_MATH, error_model="numpy")
 def rope_kv_cpu(q, k_cache, v_cache, qkv, start, cos, sin):
     b_n, t_n, nh, d = qkv.shape
     hq = q.shape[1]
