@@ -79,7 +79,7 @@ def make_inputs(size, dtype, rng):
     return q, k, v, lengths
 
 
-def make_edge_inputs(size, dtype, rng):
+def make_edge_inputs_decode(size, dtype, rng):
     """Scores of size ~1e3 (exp overflows unless the running max is subtracted), one-row caches,
     zero queries (uniform weights) and huge V values (1e30: the weighted sum must not overflow)."""
     q, k, v, lengths = make_inputs(size, dtype, rng)
@@ -751,3 +751,11 @@ def decode_attention_splitk_shfl(o, q, k, v, lengths):
     """Rung 3 with the warp sums done by shuffles (5 shfl_xor, no barrier): the loop has no
     synchronisation at all. Predict >= 80 % of copy bandwidth at B=1, Hkv=8, L=32768."""
     launch_rows(True, o, q, k, v, lengths)
+
+
+def make_edge_inputs(size, dtype, rng):
+    """Edge inputs of the two ops of this module that exercises grade: attn_merge (4-dim sizes) and
+    kv_append_decode (5-dim sizes). (decode_attention's own are make_edge_inputs_decode.)"""
+    if len(size) == 4:
+        return make_edge_inputs_merge(size, dtype, rng)
+    return make_edge_inputs_append(size, dtype, rng)
