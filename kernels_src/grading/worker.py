@@ -305,9 +305,10 @@ class _Tripwire:
 
     A call counts when the nearest caller on the stack that is not NumPy or the standard library is the
     student's code; a call made by Numba's compiler, the simulator or the grader does not. Compiled code
-    (``@njit``) makes no Python calls: it is checked by the static scan, and compiled before the monitor is
-    armed. Not seen: the ``@`` operator on two NumPy arrays (a C slot with no Python call; the static scan
-    rejects ``@`` in the source, and ``eval``/``exec`` while running are recorded)."""
+    (``@njit``) makes no Python calls: it is compiled before the monitor is armed, and what it calls is read
+    from Numba's typing of it (:meth:`compiled_calls`). Not seen: the ``@`` operator on two NumPy arrays (a C
+    slot with no Python call; the static scan rejects ``@`` in the source, and ``eval``/``exec`` while running
+    are recorded), and code running in a thread the student started before the monitor was armed."""
 
     def __init__(self):
         self.calls: list[str] = []
