@@ -1118,3 +1118,84 @@ def _gpu_rungs(fmt):
 
 for _f in FORMATS:
     _gpu_rungs(_f)
+
+
+# ============================================================================ exercise-only ops and edge inputs
+from ..grading.exercise_ops import EDGE_INPUTS, exercise_op  # noqa: E402  (as scalar_regression does)
+
+for _f in FORMATS:
+    EDGE_INPUTS[f"{_f}_quantize"] = make_quant_edge_inputs
+    EDGE_INPUTS[f"{_f}_dequantize"] = dequant_edge_inputs(_f)
+EDGE_INPUTS["qgemv_q8_0"] = make_qgemv_edge_inputs
+
+
+def asym_inputs(size, dtype, rng):
+    """Rows with an offset and a random scale, so that most rows are one-sided or lopsided."""
+    M, K = size
+    X = rng.standard_normal((M, K)) * rng.uniform(0.01, 10, (M, 1)) + rng.uniform(-3, 3, (M, 1))
+    return X.astype(np.float32),
+
+
+def asym_edge_inputs(size, dtype, rng):
+    """A row of zeros (scale 1 by convention), an all-positive and an all-negative row, a constant row."""
+    (X,) = asym_inputs(size, dtype, rng)
+    M, K = X.shape
+    rows = [np.zeros(K), np.abs(rng.standard_normal(K)) + 1, -np.abs(rng.standard_normal(K)) - 1, np.full(K, 2.5)]
+    for i, p in enumerate(rng.permutation(M)[:4]):
+        X[p] = rows[i]
+    return (X.astype(np.float32),)
+
+
+exercise_op("int8_asym_roundtrip", reference=int8_asym_roundtrip_ref, make_inputs=asym_inputs, chapter=11,
+            title="asymmetric per-row int8: quantize, then dequantize", size_names=("M", "K"), kind="memory",
+            output_names=("X_hat",), tol=(1e-5, 1e-6), flops=lambda s: 6 * s[0] * s[1],
+            bytes=lambda s, b: 8 * s[0] * s[1],
+            sizes={"check": [(1, 1), (7, 33), (13, 100), (3, 257)], "check_sim": [(1, 1), (7, 33)],
+                   "bench": [(1024, 1024)]})
+EDGE_INPUTS["int8_asym_roundtrip"] = asym_edge_inputs
+
+
+def measured_speedups(size=(8192, 8192)):
+    """The committed H100 measurement: the fastest course rung of each format against chapter 4's fp32
+    GEMV (gemv/splitk_grid) on the same shape, as [Q8_0, Q4_0]."""
+    import json
+    from pathlib import Path
+
+    out = []
+    for fmt in ("q8_0", "q4_0"):
+        path = Path(__file__).resolve().parents[2] / "book" / "data" / "bench" / "h100" / f"qgemv_{fmt}_gpu.json"
+        rows = [r for r in json.loads(path.read_text())["rows"] if "median_s" in r and tuple(r["size"]) == size]
+        fp32 = next(r["median_s"] for r in rows if r["variant"] == "fp32_gemv")
+        best = min(r["median_s"] for r in rows if not r["baseline"])
+        out.append(fp32 / best)
+    return np.array(out)
+
+
+def predict_reference(bpw):
+    """The 'predict, then measure' oracle: the measured speed-ups, whatever the bytes per weight."""
+    return measured_speedups()
+
+
+exercise_op("qgemv_predict", reference=predict_reference,
+            make_inputs=lambda size, dtype, rng: (np.array([4.0, 34 / 32, 18 / 32]),), chapter=11,
+            title="predicted speed-up of Q8_0 / Q4_0 GEMV over fp32", size_names=("n",), kind="memory",
+            output_names=("speedup",), tol=(0.25, 0.0), flops=lambda s: 0, bytes=lambda s, b: 0,
+            sizes={"check": [(3,)], "check_sim": [(3,)], "bench": [(3,)]})
+
+
+def q8_0_parts_reference(X):
+    """Q8_0 as (fp16 bits of each scale (M, K/32), the int8 values (M, K)), both as int32 (so an
+    output element nothing wrote still holds the poison, which no real value equals)."""
+    b = q8_0_quantize_ref(X)
+    M = b.shape[0]
+    blk = b.reshape(M, -1, 34)
+    h = blk[..., 0].astype(np.int32) | (blk[..., 1].astype(np.int32) << 8)
+    qv = blk[..., 2:].copy().view(np.int8).astype(np.int32).reshape(M, -1)
+    return h, qv
+
+
+exercise_op("q8_0_quantize_parts", reference=q8_0_parts_reference, make_inputs=quant_inputs, chapter=11,
+            title="Q8_0 quantize: the fp16 scale bits and the int8 values", size_names=("M", "K"),
+            kind="memory", output_names=("h", "q"), tol=(0.0, 0.0), flops=lambda s: 4 * s[0] * s[1],
+            bytes=lambda s, b: 8 * s[0] * s[1], sizes=QSIZES)
+EDGE_INPUTS["q8_0_quantize_parts"] = make_quant_edge_inputs
