@@ -267,9 +267,9 @@ def measure_rope_inplace(size=(16384, 32, 128, 128), repeat=20) -> dict:
         out["rows"].append({"variant": name, "median_s": t, "gbps": _gbps(nbytes, t)})
         print(f"{name:24s} {t * 1e6:9.1f} us {_gbps(nbytes, t):8.0f} GB/s", flush=True)
 
-    add("token (in place)", lambda xx, p, c, s: rope.rope_inplace(xx, p, c, s), sets)
+    add("unrolled (in place)", lambda xx, p, c, s: rope.rope_inplace(xx, p, c, s), sets)
     ys = [cuda.device_array_like(s[0]) for s in sets]
-    add("token (out of place)", lambda y, xx, p, c, s: rope.launch_token(False, False, y, xx, p, c, s),
+    add("unrolled (out of place)", lambda y, xx, p, c, s: rope.launch_unrolled(False, False, y, xx, p, c, s),
         [(y, *s) for y, s in zip(ys, sets)])
     tsets = []
     for s in sets:
