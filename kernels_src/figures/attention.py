@@ -58,6 +58,42 @@ def flash_trace(q, k, v, BC, lim=None):
     return steps
 
 
+def draw_attention(q, k, v, BC, causal, kv_len, row, tile):
+    """One frame of the widget: P with the loaded tile outlined, the running statistics up to ``tile``,
+    and the output o / l after that tile next to the final output."""
+    import matplotlib.pyplot as plt
+
+    S, T, D = q.shape[2], k.shape[2], q.shape[3]
+    kv = np.array([kv_len], dtype=np.int32)
+    o_ref, lse = A.reference(q, k, v, kv, int(causal))
+    s = A.scores_reference(q, k, v, kv, int(causal))[0, 0]
+    L = lse[0, 0]
+    p = np.where(np.isfinite(L)[:, None], np.exp(s - np.where(np.isfinite(L), L, 0.0)[:, None]), 0.0)
+    i = row
+    lim = min(kv_len, i + T - S + 1) if causal else kv_len
+    steps = flash_trace(q[0, 0, i], k[0, 0], v[0, 0], BC, lim)
+    n = min(tile, len(steps) - 1) + 1
+    st = steps[n - 1]
+    fig, ax = plt.subplots(1, 3, figsize=(12, 3.6), gridspec_kw={"width_ratios": [1.1, 1, 1]})
+    ax[0].imshow(p, cmap="viridis", vmin=0, vmax=max(float(p.max()), 1e-9), aspect="auto")
+    ax[0].add_patch(plt.Rectangle((st["j0"] - 0.5, i - 0.5), BC, 1, fill=False, ec="red", lw=2))
+    for j0 in range(BC, T, BC):
+        ax[0].axvline(j0 - 0.5, color="w", lw=0.5)
+    ax[0].set(title="P = softmax(scores); red: the tile just loaded", xlabel="key j", ylabel="query i")
+    ms = [x["m"] for x in steps[:n]]
+    ls = [x["l"] for x in steps[:n]]
+    ax[1].plot(range(n), ms, "o-", label="running max m")
+    ax[1].plot(range(n), ls, "s-", label="running sum l (relative to m)")
+    ax[1].set(xlim=(-0.5, len(steps) - 0.5), xlabel="tile", title="row statistics after each tile")
+    ax[1].legend(fontsize=8)
+    ax[2].bar(np.arange(D) - 0.2, st["out"], width=0.4, label="o / l after this tile")
+    ax[2].bar(np.arange(D) + 0.2, o_ref[0, 0, i], width=0.4, label="final O (reference)")
+    ax[2].set(xlabel="d", title=f"row {i}: output after tile {n - 1}")
+    ax[2].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def attention_widget(S=24, T=24, D=8, BC=6, seed=0):
     """Heat map of P (B = H = 1) with causal and padding toggles, and a step-through of the flash loop
     for one chosen query row: which key tile is loaded, and m, l, o after it."""
@@ -68,47 +104,69 @@ def attention_widget(S=24, T=24, D=8, BC=6, seed=0):
     q = rng.standard_normal((1, 1, S, D)) * 1.5
     k = rng.standard_normal((1, 1, T, D)) * 1.5
     v = rng.standard_normal((1, 1, T, D))
-    causal = W.Checkbox(value=True, description="causal")
-    pad = W.IntSlider(value=T, min=0, max=T, description="kv_len")
-    row = W.IntSlider(value=S - 1, min=0, max=S - 1, description="query row")
-    step = W.IntSlider(value=0, min=0, max=math.ceil(T / BC) - 1, description="tile")
-    out = W.Output()
 
-    def draw(*_):
-        kv = np.array([pad.value], dtype=np.int32)
-        o_ref, lse = A.reference(q, k, v, kv, int(causal.value))
-        s = A.scores_reference(q, k, v, kv, int(causal.value))[0, 0]
-        p = np.where(np.isfinite(lse[0, 0])[:, None], np.exp(s - np.where(np.isfinite(lse[0, 0]), lse[0, 0], 0)[:, None]), 0.0)
-        i = row.value
-        lim = min(pad.value, i + T - S + 1) if causal.value else pad.value
-        steps = flash_trace(q[0, 0, i], k[0, 0], v[0, 0], BC, lim)
-        st = steps[min(step.value, len(steps) - 1)]
-        with out:
-            out.clear_output(wait=True)
-            fig, ax = plt.subplots(1, 3, figsize=(12, 3.6), gridspec_kw={"width_ratios": [1.1, 1, 1]})
-            ax[0].imshow(p, cmap="viridis", vmin=0, vmax=max(p.max(), 1e-9), aspect="auto")
-            ax[0].add_patch(plt.Rectangle((st["j0"] - 0.5, i - 0.5), BC, 1, fill=False, ec="red", lw=2))
-            for j0 in range(BC, T, BC):
-                ax[0].axvline(j0 - 0.5, color="w", lw=0.5)
-            ax[0].set(title="P = softmax(scores); red: the tile loaded", xlabel="key j", ylabel="query i")
-            n = step.value + 1
-            ms = [x["m"] for x in steps[:n]]
-            ls = [x["l"] for x in steps[:n]]
-            ax[1].plot(range(n), ms, "o-", label="running max m")
-            ax[1].plot(range(n), np.log(np.maximum(ls, 1e-300)), "s-", label="log of running sum l")
-            ax[1].set(xlim=(-0.5, len(steps) - 0.5), xlabel="tile", title="row statistics after each tile")
-            ax[1].legend(fontsize=8)
-            ax[2].bar(np.arange(D) - 0.2, st["out"], width=0.4, label="o / l after this tile")
-            ax[2].bar(np.arange(D) + 0.2, o_ref[0, 0, i], width=0.4, label="final O (reference)")
-            ax[2].set(xlabel="d", title=f"row {i}: output, tile {step.value}")
-            ax[2].legend(fontsize=8)
-            fig.tight_layout()
-            plt.show()
+    def show(causal=True, kv_len=T, row=S - 1, tile=0):
+        draw_attention(q, k, v, BC, causal, kv_len, row, tile)
+        plt.show()
 
-    for w in (causal, pad, row, step):
-        w.observe(draw, names="value")
-    draw()
-    return W.VBox([W.HBox([causal, pad]), W.HBox([row, step]), out])
+    return W.interact(show, causal=W.Checkbox(value=True, description="causal"),
+                      kv_len=W.IntSlider(value=T, min=0, max=T, description="kv_len"),
+                      row=W.IntSlider(value=S - 1, min=0, max=S - 1, description="query row"),
+                      tile=W.IntSlider(value=0, min=0, max=math.ceil(T / BC) - 1, description="tile"))
+
+
+# ------------------------------------------------------------------------- the ladder table
+def prediction(doc):
+    """The sentence of a rung's docstring that starts with "Predict" (the registry holds the predictions)."""
+    text = " ".join(doc.split())
+    for sent in text.replace("; ", ". ").split(". "):
+        if sent.strip().startswith("Predict"):
+            return sent.strip().rstrip(".") + "."
+    return "–"
+
+
+def ladder_rows(result, D=64):
+    """Per variant: time non-causal and causal, TFLOP/s, fraction of cuBLAS, and speed against SDPA."""
+    from ..registry import get_variant
+
+    t = {}
+    for r in result["rows"]:
+        if "median_s" in r and r["size"][5] == D:
+            t.setdefault(r["variant"], {})[r["size"][6]] = r
+    base = {m: t["sdpa_math"][m]["median_s"] for m in (0, 1)} if "sdpa_math" in t else None
+    dflt = {m: t["sdpa_default"][m]["median_s"] for m in (0, 1)} if "sdpa_default" in t else None
+    out = []
+    for name, rs in t.items():
+        v = get_variant(f"{result['op']}/gpu/{name}")
+        row = {"variant": name, "rung": v.rung, "baseline": v.baseline, "summary": v.summary,
+               "prediction": prediction(v.doc) if not v.baseline else "–"}
+        for m in (0, 1):
+            if m in rs:
+                row[f"t{m}"] = rs[m]["median_s"]
+                row[f"tflops{m}"] = rs[m]["gflops"] / 1e3
+                row[f"frac{m}"] = rs[m].get("frac_compute_peak")
+                if base:
+                    row[f"vs_math{m}"] = base[m] / rs[m]["median_s"]
+                if dflt:
+                    row[f"vs_default{m}"] = dflt[m] / rs[m]["median_s"]
+        if 0 in rs and 1 in rs:
+            row["causal_speedup"] = rs[0]["median_s"] / rs[1]["median_s"]
+        out.append(row)
+    return out
+
+
+def ladder_table(result, D=64):
+    from ..bench import fmt_time
+
+    lines = ["| rung | variant | what changed | predicted | non-causal | causal | TFLOP/s (n-c / c) | "
+             "% of cuBLAS FP32 (n-c) | vs SDPA math (n-c / c) | causal speed-up |", "|" + "---|" * 10]
+    for r in ladder_rows(result, D):
+        lines.append("| " + " | ".join([
+            "baseline" if r["baseline"] else str(r["rung"]), f"`{r['variant']}`", r["summary"], r["prediction"],
+            fmt_time(r["t0"], "µs"), fmt_time(r["t1"], "µs"), f"{r['tflops0']:.1f} / {r['tflops1']:.1f}",
+            f"{100 * r['frac0']:.1f} %", f"{r['vs_math0']:.2f}× / {r['vs_math1']:.2f}×",
+            f"{r['causal_speedup']:.2f}×"]) + " |")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------- H100 drivers (real GPU)

@@ -964,7 +964,9 @@ FLASH_CFG_WIDE = dict(BR=32, BC=16, TM=4, TN=2)  # D > 64: a 64 x 128 Q tile alo
 def _base_cfg(D):
     return FLASH_CFG if D <= 64 else FLASH_CFG_WIDE
 # Rung 5's shapes per head size: static shared memory is capped at 48 KiB per block in Numba, which
-# bounds BR*D + BC*D + BR*BC. Chosen on the H100 from kernels_src.figures.attention.sweep().
+# bounds BR*D + BC*D + BR*BC. These were chosen by counting shared loads per FMA, NOT by measurement:
+# on the H100 the D = 64 shape turned out slower than rung 4's (chapter 9). The tool to choose them is
+# kernels_src.figures.attention.sweep(), which times every shape in its SWEEP list.
 TUNED = {16: dict(BR=64, BC=64, TM=8, TN=8), 32: dict(BR=64, BC=64, TM=8, TN=8),
          64: dict(BR=64, BC=48, TM=8, TN=6), 128: dict(BR=32, BC=24, TM=4, TN=3)}
 
@@ -975,12 +977,13 @@ def _tuned_cfg(D):
 
 @register("attention", "gpu", "flash", rung=3, ptx=[(flash(64, skip=False, **FLASH_CFG).kernel, SIG_FWD)])
 def attention_flash(o, lse, q, k, v, kv_len, causal):
-    """Flash tiling: 64 query rows per block, 32-key tiles of K and V in shared memory, scores, max,
-    sum and the unnormalized O in registers; O is divided once at the end.
+    """Flash tiling: 64-row query blocks walk 32-key K/V tiles in shared memory; m, l and O in registers.
+
+    Scores, the running max and sum and the unnormalized O stay in registers; O is divided once at the end.
 
     Each K/V element is read from L2 S/64 times instead of S times, and each thread does 8 x 4 scores
     and 8 x 8 outputs per tile from 12 and 16 shared loads: ~0.4 loads per FMA (rung 2: ~1 global load
-    per FMA). Predict ~15-25 TFLOP/s, i.e. the SDPA math backend's speed without its S x T traffic.
+    per FMA). Predict ~15-25 TFLOP/s: the SDPA math backend's speed without its S x T traffic.
     Masked tiles are still computed (and thrown away): causal costs the same as non-causal."""
     flash(q.shape[3], skip=False, **_base_cfg(q.shape[3]))(o, lse, q, k, v, kv_len, causal)
 
@@ -999,11 +1002,11 @@ def attention_flash_causal(o, lse, q, k, v, kv_len, causal):
           ptx=[(flash(64, skip=True, **TUNED[64]).kernel, SIG_FWD),
                (flash(128, skip=True, **TUNED[128]).kernel, SIG_FWD)])
 def attention_flash_tuned(o, lse, q, k, v, kv_len, causal):
-    """Rung 4 with the tile shape picked per head size by a sweep (TUNED: 64 x 48 tiles of 8 x 6 per
-    thread for D = 64; 32 x 24 of 4 x 3 for D = 128, whose Q tile alone is 16 KiB).
+    """Rung 4 with a bigger register tile per thread: 64 x 48 tiles, 8 x 6 scores per thread (D = 64).
 
-    For D = 64 an 8 x 6 score tile needs 14 shared loads for 48 FMAs (0.29 per FMA, was 0.375).
-    Predict ~1.2x rung 4."""
+    TUNED holds one shape per head size (32 x 24 of 4 x 3 for D = 128, whose Q tile alone is 16 KiB),
+    picked by counting, not measuring: for D = 64 an 8 x 6 score tile needs 14 shared loads for 48 FMAs
+    (0.29 per FMA, was 0.375). Predict ~1.2x rung 4."""
     flash(q.shape[3], skip=True, **_tuned_cfg(q.shape[3]))(o, lse, q, k, v, kv_len, causal)
 
 
