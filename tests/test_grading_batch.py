@@ -21,7 +21,7 @@ def test_batch_grading_resumes_and_writes_everything(tmp_path):
     with zipfile.ZipFile(subs / "carol.zip", "w") as z:  # a zipped submission
         z.write(stub, "ch01_axpy.ipynb")
     (subs / "dave").mkdir()  # one folder per student, as Gradescope exports them
-    corpus_submission("raise_at_import", subs / "dave")
+    corpus_submission("raise_in_answer_cell", subs / "dave")  # q2's cell raises: q1 and q3 still count
     out = tmp_path / "gradebook.csv"
     ag = autograder()
 
@@ -32,7 +32,7 @@ def test_batch_grading_resumes_and_writes_everything(tmp_path):
     wm = json.loads((tmp_path / "gradebook_results" / "wrong_math" / "results.json").read_text())
     assert float(rows["wrong_math"]["score"]) == 7 and rows["wrong_math"]["q1"] == "0", json.dumps(wm)[:3000]
     assert float(rows["malformed"]["score"]) == 0 and rows["malformed"]["status"] == "unreadable"
-    assert float(rows["carol"]["score"]) == 0 and float(rows["dave"]["score"]) == 0
+    assert float(rows["carol"]["score"]) == 0 and float(rows["dave"]["score"]) == 7
     results = tmp_path / "gradebook_results"
     for sid in rows:
         res = json.loads((results / sid / "results.json").read_text())
@@ -47,7 +47,7 @@ def test_batch_grading_resumes_and_writes_everything(tmp_path):
     s3 = grade_folder(subs, out, autograder=ag, jobs=2, run_otter=False, progress=False)
     assert (s3["graded"], s3["skipped"]) == (1, 3)
     rows = {r["submission"]: r for r in csv.DictReader(out.open())}
-    assert float(rows["wrong_math"]["score"]) == 0 and float(rows["dave"]["score"]) == 0
+    assert float(rows["wrong_math"]["score"]) == 0 and float(rows["dave"]["score"]) == 7
 
 
 def test_cli_grade_help_and_exercises_check():
