@@ -487,7 +487,9 @@ def instrumented(track_races: bool = True):
             w.sync(during_launch=False)
         profile = sys.getprofile()  # the shortcut detector watches the launcher, not the simulator's threads
         thread_profile = threading.getprofile() if hasattr(threading, "getprofile") else threading._profile_hook
+        tracer = sys.gettrace()
         sys.setprofile(None)
+        sys.settrace(None)
         threading.setprofile(None)
         try:
             return orig_call(self, *args)
@@ -496,6 +498,7 @@ def instrumented(track_races: bool = True):
             raise
         finally:
             sys.setprofile(profile)
+            sys.settrace(tracer)
             threading.setprofile(thread_profile)
             session.current = None
             for w in session.watched:

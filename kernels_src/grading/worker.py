@@ -306,9 +306,11 @@ class _Tripwire:
     A call counts when the nearest caller on the stack that is not NumPy or the standard library is the
     student's code; a call made by Numba's compiler, the simulator or the grader does not. Compiled code
     (``@njit``) makes no Python calls: it is compiled before the monitor is armed, and what it calls is read
-    from Numba's typing of it (:meth:`compiled_calls`). Not seen: the ``@`` operator on two NumPy arrays (a C
-    slot with no Python call; the static scan rejects ``@`` in the source, and ``eval``/``exec`` while running
-    are recorded), and code running in a thread the student started before the monitor was armed."""
+    from Numba's typing of it (:meth:`compiled_calls`). NumPy's product ufuncs, which no hook sees, are
+    wrapped in NumPy's namespaces (:meth:`wrap_ufuncs`), and the ``@`` operator, which makes no call at all,
+    is caught by tracing the student's own frames instruction by instruction. Not seen: a dunder reached by
+    a computed name (``getattr(a, "__mat" + "mul__")``: a method-wrapper call makes no profile event), and
+    code running in a thread the student started before the monitor was armed."""
 
     def __init__(self):
         self.calls: list[str] = []
@@ -429,6 +431,39 @@ class _Tripwire:
         if self._by_student(start):
             self.calls.append(f"`{text}`")
 
+    # The `@` operator makes no call: the student's frames (and code they made with eval/exec) are traced
+    # instruction by instruction while armed, and a matrix-multiply BINARY_OP there is recorded.
+    _matmul_offsets: dict = {}
+
+    def _offsets(self, code) -> set:
+        got = self._matmul_offsets.get(code)
+        if got is None:
+            import dis
+
+            try:
+                got = {ins.offset for ins in dis.get_instructions(code)
+                       if ins.opname in ("BINARY_OP", "BINARY_MATRIX_MULTIPLY", "INPLACE_MATRIX_MULTIPLY")
+                       and (ins.arg in (4, 17) or ins.opname != "BINARY_OP")}
+            except Exception:  # noqa: BLE001
+                got = set()
+            self._matmul_offsets[code] = got
+        return got
+
+    def _trace_global(self, frame, event, arg):
+        filename = frame.f_code.co_filename
+        kind = self._file_kind(filename)
+        if kind == "student" or (filename.startswith("<") and self._by_student(frame.f_back)):
+            if self._offsets(frame.f_code):
+                frame.f_trace_lines = False
+                frame.f_trace_opcodes = True
+                return self._trace_local
+        return None
+
+    def _trace_local(self, frame, event, arg):
+        if event == "opcode" and frame.f_lasti in self._offsets(frame.f_code) and "matmul" not in self.allow:
+            self.calls.append("`@` (the matmul operator)")
+        return self._trace_local
+
     def arm(self) -> None:
         import threading
 
@@ -436,16 +471,18 @@ class _Tripwire:
         if self._profile is not None:
             threading.setprofile(self._profile)  # threads the student starts
             sys.setprofile(self._profile)
+            sys.settrace(self._trace_global)
 
     def disarm(self) -> None:
         import threading
 
         if self._profile is not None:
-            current = sys.getprofile()
+            current, tracer = sys.getprofile(), sys.gettrace()
             sys.setprofile(None)
+            sys.settrace(None)
             threading.setprofile(None)
-            if self.armed and current is not self._profile:
-                self.calls.append("something that switched off the grader's call monitor (sys.setprofile)")
+            if self.armed and (current is not self._profile or tracer is None):
+                self.calls.append("something that switched off the grader's call monitor (sys.setprofile/settrace)")
         self.armed = False
 
     def compiled_calls(self, fn) -> list[str]:
@@ -480,6 +517,23 @@ class _Tripwire:
                         elif mod.startswith("numpy.linalg") and "linalg" not in self.allow:
                             found.append(f"`np.linalg.{name}` (in compiled code)")
         return found
+
+    def wrap_ufuncs(self) -> None:
+        """NumPy's product ufuncs (``np.matmul``, ``np.vecdot``, ``np.matvec``, ``np.vecmat``) are C objects whose
+        calls no profile hook sees: before the student's code is loaded, NumPy's modules get a thin wrapper in
+        their place, which records a call made (directly or through ``getattr``, ``partial``, ``map``...) by
+        the student's code. Numba supports none of them, so compiled code loses nothing."""
+        import numpy as np
+
+        names = [n for n in ("matmul", "vecdot", "matvec", "vecmat")
+                 if isinstance(getattr(np, n, None), np.ufunc) and n not in self.allow]
+        modules = [sys.modules[m] for m in ("numpy", "numpy._core", "numpy._core.umath", "numpy._core.multiarray",
+                                            "numpy._core.numeric") if m in sys.modules]
+        for n in names:
+            wrapper = _WatchedUfunc(self, getattr(np, n), n)
+            for m in modules:
+                if getattr(m, n, None) is wrapper._ufunc:
+                    setattr(m, n, wrapper)
 
     @staticmethod
     def precompile(fn, args) -> None:
@@ -533,6 +587,25 @@ class _Tripwire:
         tripwire.__name__ = getattr(fn, "__name__", "tripwire")
         tripwire.__module__ = getattr(fn, "__module__", None)
         return tripwire
+
+
+class _WatchedUfunc:
+    """Stands in for a NumPy ufunc in NumPy's namespaces (see :meth:`_Tripwire.wrap_ufuncs`)."""
+
+    def __init__(self, tripwire, ufunc, name):
+        self._tripwire, self._ufunc, self._name = tripwire, ufunc, name
+
+    def __call__(self, *args, **kwargs):
+        tw = self._tripwire
+        if tw.armed and tw._by_student(sys._getframe(1)):
+            tw.calls.append(f"`np.{self._name}`")
+        return self._ufunc(*args, **kwargs)
+
+    def __getattr__(self, attr):
+        return getattr(self._ufunc, attr)
+
+    def __repr__(self):
+        return repr(self._ufunc)
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -866,6 +939,9 @@ def main(argv=None) -> None:
             spec = importlib.util.spec_from_file_location("submission", os.path.abspath(SUBMISSION))
             mod = importlib.util.module_from_spec(spec)
             sys.modules["submission"] = mod
+            if job["mode"] == "run":
+                _TRIPWIRE.configure(job.get("allow", ()))
+                _TRIPWIRE.wrap_ufuncs()
             _load_cells(mod, where, result, job["mode"])
         except BaseException as e:  # noqa: BLE001  (the file does not parse: not a notebook the bundle made)
             info = _exc_info(e, where)
@@ -876,7 +952,6 @@ def main(argv=None) -> None:
             _finish(result)
         if job["mode"] == "run":
             _TRIPWIRE.install()
-            _TRIPWIRE.configure(job.get("allow", ()))
             outputs = run_job(job, mod, where, result)
         elif job["mode"] == "ptx":
             ptx_job(job, mod, where, result)
