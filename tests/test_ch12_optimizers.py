@@ -201,7 +201,7 @@ def test_edge_inputs_cover_both_ops():
 # ----------------------------------------------------------------------------- layouts and tables
 def test_chunk_table_covers_every_parameter_once():
     lengths = (5, 40000, 1, 16384, 16385)
-    t = optim.chunk_table(lengths, 16384)
+    t = optim.chunk_table(lengths, 16384)  # any chunk size: here 16384
     assert t[:, 1].max() <= 16384 and t[:, 1].min() >= 1
     covered = np.zeros(sum(lengths), int)
     for o, n in t:

@@ -71,7 +71,7 @@ from ..registry import define_op, register
 
 THREADS = 256  # block size of every elementwise kernel here
 ILP = 4  # parameters per thread in the fused_ilp4 rung
-CHUNK = 16384  # parameters per chunk of the multi-tensor table (one block per chunk)
+CHUNK = 2048  # parameters per chunk of the multi-tensor table (one block per chunk: 8 per thread)
 CLIP_EPS = 1e-6  # as torch.nn.utils.clip_grad_norm_: scale = max_norm / (norm + 1e-6), at most 1
 
 HYPER = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, wd=0.01)  # torch.optim.AdamW's defaults
@@ -531,13 +531,30 @@ def sgd_momentum_fused(p_new, b_new, p, g, b, lr, momentum, wd, nesterov):
 def adamw_per_tensor(p_new, m_new, v_new, p, g, m, v, lengths, step, lr, beta1, beta2, eps, wd):
     """One launch of the fused kernel per tensor (what a loop over model.parameters() does). Each launch
     costs a few microseconds of host time however small the tensor: predict time ~ T x launch cost once
-    T x launch cost exceeds the 28 N bytes / bandwidth."""
+    T x launch cost exceeds the 28 N bytes / bandwidth. (The slices are made once per layout and reused.)"""
     c = _adam_coeffs(step, lr, beta1, beta2, eps, wd)
-    o = 0
+    for views in _tensor_views((p_new, m_new, v_new, p, g, m, v), lengths):
+        launch_adam(adam_fused_kernel, *views, c)
+
+
+_views_cache: list = []
+
+
+def _tensor_views(arrays, lengths):
+    """Per tensor, the 7 views into the buffers, made once per (buffers, layout): an optimizer holds its
+    parameter tensors, it does not re-slice them every step. (Cached with the arrays themselves, so an
+    id is never confused with a freed array's.)"""
+    key = (tuple(lengths), tuple(id(a) for a in arrays))
+    for k, arrs, views in _views_cache:
+        if k == key and all(x is y for x, y in zip(arrs, arrays)):
+            return views
+    views, o = [], 0
     for n in lengths:
-        s = slice(o, o + n)
-        launch_adam(adam_fused_kernel, p_new[s], m_new[s], v_new[s], p[s], g[s], m[s], v[s], c)
+        views.append(tuple(a[o:o + n] for a in arrays))
         o += n
+    _views_cache.insert(0, (key, arrays, views))
+    del _views_cache[4:]
+    return views
 
 
 @register("adamw_multi", "gpu", "flat", rung=2, ptx=[(adam_fused_kernel, SIG_ADAM)])
@@ -597,9 +614,11 @@ SIG_MULTI = f"void({', '.join([V1] * 7)}, int64[:, ::1], {', '.join(['float32'] 
 
 @register("adamw_multi", "gpu", "multi_tensor", rung=3, ptx=[(adam_multi_tensor_kernel, SIG_MULTI)])
 def adamw_multi_tensor(p_new, m_new, v_new, p, g, m, v, lengths, step, lr, beta1, beta2, eps, wd):
-    """ONE launch over a table of (offset, length) chunks of at most 16384 parameters, one block per
+    """ONE launch over a table of (offset, length) chunks of at most 2048 parameters, one block per
     chunk: the launch count no longer grows with T and a tensor of 10 parameters costs one short block.
-    Predict the flat rung's speed for large tensors, somewhat less when most chunks are tiny."""
+    Predict the flat rung's speed for large tensors, somewhat less when most chunks are tiny. (Chunks
+    of 16384 were measured at 52-82 % of copy at 16.7 M parameters: 1024 blocks of 64 serial
+    iterations are about one and a third waves on an H100, so the last wave ran mostly empty.)"""
     if p.shape[0] == 0:
         return
     table = _device_table(lengths, CHUNK)
@@ -664,14 +683,34 @@ SIG_SCALE_NORM = f"void({V1}, {V1}, {V1}, float32)"
 SIG_CLIP = f"void({', '.join([V1] * 8)}, {', '.join(['float32'] * 9)})"
 
 
+@cuda.jit
+def zero_kernel(out):
+    if cuda.grid(1) < out.size:
+        out[cuda.grid(1)] = float32(0.0)
+
+
+_buffers: dict = {}
+
+
+def _buffer(name, n):
+    """A device scratch buffer kept between steps (cudaMalloc on every step costs more than the step at
+    16.7 M parameters; the first measurement of the clipping rungs paid it)."""
+    buf = _buffers.get(name)
+    if buf is None or buf.shape[0] != n:
+        buf = _buffers[name] = cuda.device_array(n, dtype=np.float32)
+    return buf
+
+
 def _sumsq_gpu(g):
-    out = cuda.to_device(np.zeros(1, dtype=np.float32))
+    out = _buffer("sumsq", 1)
+    zero_kernel[1, 32](out)
     sumsq_kernel[min(REDUCE_BLOCKS, max(1, ceil_div(g.shape[0], THREADS))), THREADS](out, g)
     return out
 
 
 @register("adamw_clip", "gpu", "unfused", rung=1, bytes=lambda s, b: 10 * s[0] * b,
-          ptx=[(sumsq_kernel, SIG_SUMSQ), (scale_by_norm_kernel, SIG_SCALE_NORM), (adam_fused_kernel, SIG_ADAM)])
+          ptx=[(zero_kernel, f"void({V1})"), (sumsq_kernel, SIG_SUMSQ), (scale_by_norm_kernel, SIG_SCALE_NORM),
+               (adam_fused_kernel, SIG_ADAM)])
 def adamw_clip_unfused(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps, wd, max_norm):
     """Norm pass, then g * scale written to a scratch buffer (as clip_grad_norm_ does in place), then the
     fused AdamW reading it: 4 + 8 + 28 = 40 B/param. Predict ~80 % of rung 2's speed (32/40)."""
@@ -679,12 +718,13 @@ def adamw_clip_unfused(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, 
     if n == 0:
         return
     sumsq = _sumsq_gpu(g)
-    gs = cuda.device_array(n, dtype=np.float32)
+    gs = _buffer("scaled_g", n)
     scale_by_norm_kernel[ceil_div(n, THREADS), THREADS](gs, g, sumsq, np.float32(max_norm))
     launch_adam(adam_fused_kernel, p_new, m_new, v_new, p, gs, m, v, _adam_coeffs(step, lr, beta1, beta2, eps, wd))
 
 
-@register("adamw_clip", "gpu", "fused", rung=2, ptx=[(sumsq_kernel, SIG_SUMSQ), (adam_clip_kernel, SIG_CLIP)])
+@register("adamw_clip", "gpu", "fused", rung=2,
+          ptx=[(zero_kernel, f"void({V1})"), (sumsq_kernel, SIG_SUMSQ), (adam_clip_kernel, SIG_CLIP)])
 def adamw_clip_fused(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps, wd, max_norm):
     """Reduction pass (reads g: 4 B/param), then the update reads the sum and scales g on the fly
     (28 B/param): 32 B/param, no scaled copy of g. The norm is global, so two launches are the minimum.
