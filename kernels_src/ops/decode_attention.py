@@ -759,3 +759,64 @@ def make_edge_inputs(size, dtype, rng):
     if len(size) == 4:
         return make_edge_inputs_merge(size, dtype, rng)
     return make_edge_inputs_append(size, dtype, rng)
+
+
+# ---------------------------------------------------- predict, then measure (the chapter's exercise)
+MEASURED = "book/data/bench/h100/decode_attention_gpu.json"
+PREDICT_SHAPE = (1, 32, 8, 128)  # B, Hq, Hkv, D of the prediction question; L varies
+PREDICT_L0 = 16384  # the cache length whose measured time is given
+
+
+def measured_times(min_len=PREDICT_L0):
+    """{L: seconds} of the fastest course rung at L0 (same rung at every L), B=1 Hq=32 Hkv=8 D=128, for
+    L >= min_len, from the committed H100 benchmark; and that rung's name."""
+    import json
+    from pathlib import Path
+
+    res = json.loads((Path(__file__).resolve().parents[2] / MEASURED).read_text())
+    b, hq, hkv, d = PREDICT_SHAPE
+    rows = [r for r in res["rows"] if "median_s" in r and not r["baseline"] and r["size"][:3] == [b, hq, hkv]
+            and r["size"][4] == d and r["size"][3] >= min_len]
+    best = min((r for r in rows if r["size"][3] == PREDICT_L0), key=lambda r: r["median_s"])["variant"]
+    return {r["size"][3]: r["median_s"] for r in rows if r["variant"] == best}, best
+
+
+def reference_prediction(lengths, t0_us):
+    """The MEASURED time (microseconds) of that rung at each cache length: what the prediction meets."""
+    times, _ = measured_times()
+    return np.array([times[int(n)] * 1e6 for n in lengths], dtype=np.float64)
+
+
+def make_inputs_prediction(size, dtype, rng):
+    """(lengths (k,): measured cache lengths >= L0 in random order, float; t0_us: the measured time at L0)."""
+    (k,) = size
+    try:
+        times, _ = measured_times()
+    except (OSError, KeyError, ValueError):  # no committed measurement: a placeholder that cannot pass
+        times = {PREDICT_L0: 1.0}
+    ls = np.array(sorted(times), dtype=np.float64)
+    return rng.choice(ls, size=k).astype(dtype), float(times[PREDICT_L0] * 1e6)
+
+
+# A memory-bound kernel's time is proportional to its bytes, to within a few fixed costs (launch, the
+# merge, the tail of the last wave): the prediction must land within 25 % of the measurement.
+PREDICTION_BAND = 0.25
+define_op("decode_time_prediction", reference=reference_prediction, make_inputs=make_inputs_prediction,
+          chapter=10, title="predict decode time at longer caches from bytes (checked against the H100)",
+          size_names=("k",), kind="memory", tol=(PREDICTION_BAND, 0.0), output_names=("t_us",),
+          sizes={"check": [(1,), (7,)], "check_sim": [(1,)], "bench": [(1,)]},
+          flops=lambda s: s[0], bytes=lambda s, b: s[0] * b)
+
+
+@njit(cache=False)
+def predict_time_loop(t_us, lengths, t0_us):
+    b, hq, hkv, d = PREDICT_SHAPE
+    bytes0 = 2.0 * b * hkv * PREDICT_L0 * d * 4 + 2.0 * b * hq * d * 4
+    for i in range(lengths.size):
+        t_us[i] = t0_us * (2.0 * b * hkv * lengths[i] * d * 4 + 2.0 * b * hq * d * 4) / bytes0
+
+
+@register("decode_time_prediction", "cpu", "bytes_model", rung=1)
+def predict_decode_time(t_us, lengths, t0_us):
+    """t(L) = t(L0) * bytes(L) / bytes(L0): a memory-bound step costs its bytes."""
+    predict_time_loop(t_us, lengths, t0_us)
