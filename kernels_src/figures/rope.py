@@ -402,3 +402,24 @@ def row(result: dict, variant: str, size) -> dict:
         if r["variant"] == variant and tuple(r["size"]) == tuple(size) and "median_s" in r:
             return r
     raise KeyError(f"{result['op']}: no row {variant} at {size}")
+
+
+def ncu_metrics(path=None) -> list[dict]:
+    """The kernels in a saved Nsight Compute text report: [{'kernel', 'launch', metric name: value}]."""
+    import re
+
+    path = Path(path) if path else Path(__file__).resolve().parents[2] / "book/data/bench/h100/rope_decode_ncu.txt"
+    out = []
+    for line in path.read_text().splitlines():
+        m = re.match(r"\s+\S*::(\w+)\[.*\) (\(\d+, \d+, \d+\)x\(\d+, \d+, \d+\))", line)
+        if m:
+            out.append({"kernel": m.group(1), "launch": m.group(2)})
+            continue
+        parts = re.split(r"\s{2,}", line.strip())
+        if out and len(parts) >= 2 and not line.strip().startswith(("-", "Section", "Metric Name")):
+            val = parts[-1].replace(",", "")
+            try:
+                out[-1][parts[0]] = float(val)
+            except ValueError:
+                out[-1][parts[0]] = parts[-1]
+    return out
