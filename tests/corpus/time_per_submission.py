@@ -1,0 +1,22 @@
+"""Time per submission, the whole grade (checks + the otter notebook run), for a corpus case or the solution:
+
+    .venv/bin/python tests/corpus/time_per_submission.py solution 3
+    .venv/bin/python tests/corpus/time_per_submission.py hang_everywhere 3
+
+prints each run and the median and worst seconds (ch01_axpy, jobs=2, default time limits)."""
+import sys, time, tempfile, statistics, json
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+from pathlib import Path
+from _grading_support import corpus_submission, autograder
+from kernels_src.grading.submission import grade_submission
+name = sys.argv[1]; runs = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+ag = autograder()
+ts = []
+for r in range(runs):
+    d = Path(tempfile.mkdtemp())
+    sub = corpus_submission(name, d)
+    t0 = time.perf_counter()
+    rec = grade_submission(sub, ag, jobs=2, run_otter=True)
+    ts.append(time.perf_counter() - t0)
+    print(name, r, f"{ts[-1]:.1f}s", rec.score, "/", rec.possible, rec.per_question, json.dumps(rec.results["extra_data"]["otter"]), flush=True)
+print(f"{name}: runs {runs} median {statistics.median(ts):.1f}s worst {max(ts):.1f}s")
