@@ -76,6 +76,43 @@ def show_table(result: dict, **kw) -> None:
     display(Markdown(bench_table(result, **kw)))
 
 
+def yardstick_note(result: dict) -> str:
+    """One Markdown sentence naming the copy yardstick of a run: the fastest copy measured in it, each
+    candidate's GB/s, and the datasheet figure beside it (labelled as such)."""
+    peaks = result.get("peaks") or {}
+    if not peaks.get("copy_gbps"):
+        return ""
+    each = peaks.get("copy_each") or {}
+    parts = [f"{c['what']} {c['gbps']:,.0f} GB/s" for c in each.values() if "gbps" in c]
+    text = f"Copy yardstick: {peaks['copy_gbps']:,.0f} GB/s"
+    text += (", the fastest of " + "; ".join(parts) + ", all measured in this run") if parts else \
+        f" ({peaks.get('copy_what', 'device copy')})"
+    sheet = peaks.get("datasheet")
+    if sheet:
+        text += f". Datasheet, not measured: {sheet['hbm_gbps']:,} GB/s HBM ({sheet['name']})"
+    return text + "."
+
+
+def yardstick_table(result: dict) -> str:
+    """A Markdown table of the copies timed for a run's yardstick, the chosen one in bold, and the datasheet
+    figure under them, labelled as not measured."""
+    peaks = result.get("peaks") or {}
+    lines = [f"**Copy yardstick of this run** ({device_label(result)}, 1 GiB float32, bytes read + written)", "",
+             "| copy | GB/s | % of the fastest |", "|---|---|---|"]
+    for c in (peaks.get("copy_each") or {}).values():
+        if "gbps" not in c:
+            lines.append(f"| {c['what']} | skipped: {c['skipped']} | – |")
+            continue
+        best = abs(c["gbps"] - peaks["copy_gbps"]) < 1e-9
+        cell = f"**{c['gbps']:,.0f}**" if best else f"{c['gbps']:,.0f}"
+        lines.append(f"| {c['what']} | {cell} | {100 * c['gbps'] / peaks['copy_gbps']:.1f} % |")
+    sheet = peaks.get("datasheet")
+    if sheet:
+        lines.append(f"| datasheet peak, not measured ({sheet['name']}) | {sheet['hbm_gbps']:,} | "
+                     f"({100 * sheet['hbm_gbps'] / peaks['copy_gbps']:.0f} %) |")
+    return "\n".join(lines)
+
+
 def _fmt_time(s: float) -> str:
     return fmt_time(s, micro="µs")
 
@@ -108,10 +145,13 @@ def scaling(result: dict, ax=None, metric: str = "gbps", title: str | None = Non
     return ax
 
 
-def roofline(results, ax=None, title: str | None = None, size=None, annotate: bool = True):
+def roofline(results, ax=None, title: str | None = None, size=None, annotate: bool = True,
+             show_datasheet: bool = True):
     """A roofline: performance (GFLOP/s) against arithmetic intensity (FLOP/byte), log-log.
 
-    The ceilings are the copy bandwidth and the compute yardstick measured in the first result's run.
+    The ceilings are the copy bandwidth and the compute yardstick measured in the first result's run. The
+    datasheet's figures are drawn beside them (dashed, labelled), and where the run measured them, the
+    tensor-core roofs (TF32, BF16): ceilings of other hardware than the FP32 CUDA cores the course uses.
     Each variant is drawn at one size (``size``, default the largest in each file).
     """
     import matplotlib.pyplot as plt
@@ -134,6 +174,17 @@ def roofline(results, ax=None, title: str | None = None, size=None, annotate: bo
             ax.axvline(comp / bw, color="k", ls=":", lw=0.8)
             ax.annotate(f"ridge {comp / bw:.1f} FLOP/B", (comp / bw, comp), xytext=(4, -14),
                         textcoords="offset points", fontsize=8)
+    sheet = peaks.get("datasheet")
+    if sheet and show_datasheet:
+        dbw, dcomp = sheet["hbm_gbps"], sheet["fp32_tflops"] * 1e3
+        ax.plot(x, np.minimum(dbw * x, dcomp), color="0.6", ls="--", lw=1,
+                label=f"datasheet (not measured): {dbw:,} GB/s, {sheet['fp32_tflops']} TFLOP/s FP32")
+    tc = peaks.get("tensor_core_roofs") or {}
+    for key, name, style in (("tf32_gflops", "TF32", "-."), ("bf16_gflops", "BF16", ":")):
+        if tc.get(key) and bw:
+            ax.plot(x, np.minimum(bw * x, tc[key]), color="tab:purple", ls=style, lw=1,
+                    label=f"{name} tensor cores, measured (cuBLAS): {tc[key] / 1e3:,.0f} TFLOP/s, "
+                          f"ridge {tc[key] / bw:.0f} FLOP/B: not what FP32 CUDA-core kernels can reach")
     for a, g, label, base in pts:
         ax.loglog(a, g, "s" if base else "o", ms=7, mfc="none" if base else None, label=label)
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")

@@ -558,7 +558,8 @@ def available(ops, backend="gpu") -> list[dict]:
     """The committed benchmark files that exist for ``ops`` (chapters show what has been measured)."""
     from .plots import DATA, load_bench
 
-    return [load_bench(f"{o}_{backend}") for o in ops if (DATA / f"{o}_{backend}.json").exists()]
+    sub = "h100/" if backend == "gpu" else ""  # GPU figures come from the H100 files
+    return [load_bench(f"{sub}{o}_{backend}") for o in ops if (DATA / f"{sub}{o}_{backend}.json").exists()]
 
 
 def combined_table(results: list[dict], size=None) -> str:
