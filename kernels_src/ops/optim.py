@@ -948,3 +948,42 @@ define_op("fp16_update_vanishes", reference=fp16_vanishes_reference, make_inputs
 def fp16_update_vanishes_rule(lost, p, u):
     """The half-ulp rule: the update is lost when |u| < spacing(p) / 2 (no ties in these inputs)."""
     _vanish_loop(lost, p, u)
+
+
+# ======================================================== "predict, then measure" (committed H100 data)
+MEASURED_MULTI = "h100/adamw_multi_gpu.json"  # under book/data/bench: the tensor-count sweep
+
+
+def measured_per_tensor_us():
+    """{T: median microseconds per step} of adamw_multi/gpu/per_tensor in the committed H100 sweep (16.7 M
+    parameters in T tensors). The data live in book/data/bench/, next to the package in a checkout."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "book" / "data" / "bench" / MEASURED_MULTI
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the predict-then-measure op grades against committed data")
+    res = json.loads(path.read_text())
+    return {r["size"][0]: r["median_s"] * 1e6 for r in res["rows"]
+            if r.get("variant") == "per_tensor" and "median_s" in r}
+
+
+def per_tensor_time_reference(T):
+    """The oracle is the measurement: the median time per step at each tensor count T (microseconds)."""
+    data = measured_per_tensor_us()
+    return np.array([data[int(t)] for t in np.asarray(T)], dtype=np.float64)
+
+
+def make_inputs_per_tensor_time(size, dtype, rng):
+    """``n`` tensor counts, cycling through the measured ones (1 ... 4096) in a random order."""
+    (n,) = size
+    ts = sorted(measured_per_tensor_us())
+    return (np.array([ts[i % len(ts)] for i in rng.permutation(max(n, len(ts)))[:n]], dtype=dtype),)
+
+
+define_op("adamw_per_tensor_time", reference=per_tensor_time_reference, make_inputs=make_inputs_per_tensor_time,
+          chapter=12, title="predicted vs measured time of T per-tensor AdamW launches", size_names=("n",),
+          kind="memory",
+          tol=(0.5, 0.0),  # a prediction within +-50 % of the measurement passes: the point is the model's shape
+          output_names=("us",), sizes={"check": [(1,), (7,)], "check_sim": [(1,), (7,)], "bench": [(6,)]},
+          flops=lambda s: s[0], bytes=lambda s, b: 2 * s[0] * b)
