@@ -39,6 +39,9 @@ class Op:
     chapter: int | None = None
     output_names: tuple = ("out",)
     variants: list = field(default_factory=list)
+    # make_edge_inputs(size, dtype, rng) -> inputs with the values where kernels go wrong (zeros, signed
+    # zeros, infinities, NaN, tiny and huge magnitudes), used by the graders' edge=True checks
+    edge_inputs: Callable[..., tuple] | None = None
 
     def size_label(self, size: Size) -> str:
         return "x".join(str(s) for s in size)
@@ -80,6 +83,8 @@ class Variant:
 
 
 _OPS: dict[str, Op] = {}
+EXERCISE_OPS: dict[str, Op] = {}  # ops that exist only as exercises: no variants, in no benchmark or table
+EDGE_INPUTS: dict = {}  # op name -> make_edge_inputs(size, dtype, rng), for ops that declare it apart
 
 
 def define_op(name: str, **kwargs) -> Op:
@@ -147,6 +152,48 @@ def load_all() -> None:
     import importlib
 
     importlib.import_module(__package__ + ".ops")  # its __init__ imports each module
+
+
+def exercise_op(name: str, **kwargs) -> Op:
+    """Declare an op that exists only as an exercise: the same record as :func:`define_op` (a float64
+    reference, inputs, sizes, tolerance), with no ladder of variants, so it appears in no benchmark or table."""
+    op = Op(name=name, **kwargs)
+    EXERCISE_OPS[name] = op
+    return op
+
+
+def find_op(name: str) -> Op:
+    """An exercise op by name, else a registered op (importing kernels_src.ops first, so that exercise
+    ops declared in a chapter's ops module are known too)."""
+    load_all()
+    if name in EXERCISE_OPS:
+        return EXERCISE_OPS[name]
+    return get_op(name)
+
+
+def find_edge_inputs(op: Op):
+    """``make_edge_inputs(size, dtype, rng)`` for ``op``: its own ``edge_inputs``, else one registered in
+    :data:`EDGE_INPUTS`, else a module-level ``make_edge_inputs`` next to its reference."""
+    import sys
+
+    if op.edge_inputs is not None:
+        return op.edge_inputs
+    if op.name in EDGE_INPUTS:
+        return EDGE_INPUTS[op.name]
+    mod = sys.modules.get(getattr(op.reference, "__module__", ""), None)
+    return getattr(mod, "make_edge_inputs", None)
+
+
+def sprinkle(arr, rng, values):
+    """Put each of ``values`` at a random position of ``arr`` (in place; fewer if ``arr`` is short): the
+    building block of ``make_edge_inputs``."""
+    if arr.size == 0:
+        return arr
+    flat = arr.reshape(-1)
+    pos = rng.permutation(flat.size)[: len(values)]
+    for p, v in zip(pos, values):
+        flat[p] = v
+    return arr
 
 
 def ops() -> list[Op]:

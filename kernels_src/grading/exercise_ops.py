@@ -10,55 +10,19 @@ Edge values: a function ``make_edge_inputs(size, dtype, rng) -> inputs``, define
 kernels go wrong (zeros, signed zeros, infinities, NaN, tiny and huge magnitudes that do not overflow in
 the op's own arithmetic) into otherwise random inputs. ``check_*(..., edge=True)`` uses it.
 
-An exercise-only op can also be declared in a chapter's ops module: ``from kernels_src.grading.exercise_ops
-import exercise_op`` and call ``exercise_op(name, reference=..., make_inputs=..., sizes=..., ...)``.
+An exercise-only op can also be declared in a chapter's ops module: ``from kernels_src.registry import
+exercise_op`` and call ``exercise_op(name, reference=..., make_inputs=..., sizes=..., ...)``; edge values go
+in ``define_op(..., edge_inputs=...)``, ``registry.EDGE_INPUTS[name]`` or a module-level
+``make_edge_inputs``. Ops modules never import from ``kernels_src.grading``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..registry import Op, get_op
-
-EXERCISE_OPS: dict[str, Op] = {}
-EDGE_INPUTS: dict = {}
-
-
-def exercise_op(name: str, **kwargs) -> Op:
-    op = Op(name=name, **kwargs)
-    EXERCISE_OPS[name] = op
-    return op
-
-
-def find_op(name: str) -> Op:
-    """An exercise op by name, else a registered op (importing kernels_src.ops first, so that exercise
-    ops declared in a chapter's ops module with :func:`exercise_op` are known too)."""
-    from ..registry import load_all
-
-    load_all()
-    if name in EXERCISE_OPS:
-        return EXERCISE_OPS[name]
-    return get_op(name)
-
-
-def find_edge_inputs(op: Op):
-    """``make_edge_inputs(size, dtype, rng)`` for ``op``: from EDGE_INPUTS, else from the op's own module."""
-    import sys
-
-    if op.name in EDGE_INPUTS:
-        return EDGE_INPUTS[op.name]
-    mod = sys.modules.get(getattr(op.reference, "__module__", ""), None)
-    return getattr(mod, "make_edge_inputs", None)
-
-
-def _sprinkle(arr: np.ndarray, rng, values) -> np.ndarray:
-    """Put each of ``values`` at a random position of ``arr`` (in place; fewer if ``arr`` is short)."""
-    if arr.size == 0:
-        return arr
-    flat = arr.reshape(-1)
-    pos = rng.permutation(flat.size)[: len(values)]
-    for p, v in zip(pos, values):
-        flat[p] = v
-    return arr
+# What an op needs for grading (edge inputs, exercise-only ops) belongs to its definition, in the registry,
+# where the tests and `kernels check` read it too; these names are re-exported for the grader.
+from ..registry import EDGE_INPUTS, EXERCISE_OPS, exercise_op, find_edge_inputs, find_op  # noqa: F401
+from ..registry import sprinkle as _sprinkle
 
 
 # ------------------------------------------------------------------------------ axpy (chapter 1)

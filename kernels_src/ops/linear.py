@@ -29,7 +29,8 @@ import numpy as np
 from numba import njit, prange
 
 from ..device import ceil_div, cuda
-from ..grading.exercise_ops import EDGE_INPUTS, _sprinkle
+from ..registry import EDGE_INPUTS
+from ..registry import sprinkle as _sprinkle
 from ..registry import define_op, register
 
 EPS32 = float(np.finfo(np.float32).eps)

@@ -41,7 +41,7 @@ from numba import float32, njit, prange
 
 from .. import device
 from ..device import ceil_div, cuda, needs_real_gpu
-from ..grading.exercise_ops import EDGE_INPUTS
+from ..registry import EDGE_INPUTS
 from ..registry import define_op, register
 from .reductions import (FAST_MATH, row_jit, ONE, ZERO, torch_view, next_pow2, block_sum2_shfl, block_sum2_smem, block_sum_shfl,
                          block_sum_smem, block_welford_smem, row_config, row_threads_streaming, torch_gpu,

@@ -1121,7 +1121,7 @@ for _f in FORMATS:
 
 
 # ============================================================================ exercise-only ops and edge inputs
-from ..grading.exercise_ops import EDGE_INPUTS, exercise_op  # noqa: E402  (as scalar_regression does)
+from ..registry import EDGE_INPUTS, exercise_op  # noqa: E402
 
 for _f in FORMATS:
     EDGE_INPUTS[f"{_f}_quantize"] = make_quant_edge_inputs

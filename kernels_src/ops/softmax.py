@@ -35,7 +35,7 @@ import numpy as np
 from numba import float32, njit, prange
 
 from ..device import cuda, needs_real_gpu
-from ..grading.exercise_ops import EDGE_INPUTS
+from ..registry import EDGE_INPUTS
 from ..registry import define_op, register
 from .reductions import (FAST_MATH, row_jit, NEG_INF, ONE, ZERO, torch_view, block_max_smem, block_sum_smem, row_config,
                          row_threads_streaming, torch_gpu)
