@@ -69,9 +69,9 @@ import functools
 import math
 
 import numpy as np
-from numba import float32, int64, njit, prange
+from numba import float32, njit, prange
 
-from ..device import ceil_div, cuda, synchronize
+from ..device import ceil_div, cuda
 from ..registry import define_op, register
 
 THREADS = 256  # block size of every elementwise kernel here
