@@ -240,3 +240,28 @@ def load(name):
     """A committed H100 JSON of this chapter (book/data/bench/h100/<name>.json)."""
     p = Path(__file__).resolve().parents[2] / "book" / "data" / "bench" / "h100" / f"{name}.json"
     return json.loads(p.read_text())
+
+
+def ncu_summary(txt, out=None):
+    """Parse the text report of ``ncu --section ...`` into {kernel: {section: {metric: [unit, value]}}}
+    and write it as JSON (the chapter reads the JSON; the text stays on the GPU machine)."""
+    import re
+
+    res, kern, sec = {"kernels": {}}, None, None
+    metric = re.compile(r"^\s{4,}(\S.*?)\s{2,}(\S+)\s+([-\d][\d,\.]*)\s*$")
+    for line in Path(txt).read_text(errors="replace").splitlines():
+        if re.match(r"^\s{2}\S.*\(\d+, \d+, \d+\)x\(\d+, \d+, \d+\)", line):
+            kern = line.strip()
+            res["kernels"][kern] = {}
+        elif line.strip().startswith("Section:") and kern:
+            sec = line.strip()[len("Section:"):].strip()
+            res["kernels"][kern][sec] = {}
+        else:
+            m = metric.match(line)
+            if m and kern and sec:
+                res["kernels"][kern][sec][m.group(1)] = [m.group(2), float(m.group(3).replace(",", ""))]
+    if out:
+        from .. import bench
+
+        bench.save_json(res, out)
+    return res

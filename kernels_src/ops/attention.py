@@ -1473,7 +1473,9 @@ def _speedup_tol(size, dtype):
 define_op("attention_causal_speedup", reference=reference_speedup, make_inputs=_speedup_inputs, chapter=9,
           title="predicted causal speed-up of tile skipping", size_names=("S", "T", "BR", "BC"), kind="compute",
           tol=_speedup_tol, output_names=("speedup",),
-          sizes={"check": [(1, 1, 1, 1), (7, 7, 2, 3), (37, 53, 8, 4), (2048, 2048, 64, 32), (2048, 2048, 64, 48)],
+          # (2048, 2048, 64, 32) is measured (rung 4 on the H100); the others are checked against the exact
+          # tile ratio, so a later sweep of other tile shapes cannot change what this test expects
+          sizes={"check": [(1, 1, 1, 1), (7, 7, 2, 3), (37, 53, 8, 4), (2048, 2048, 64, 32), (2048, 2048, 128, 64)],
                  "check_sim": [(1, 1, 1, 1), (7, 7, 2, 3)], "bench": [(2048, 2048, 64, 32)]},
           flops=lambda s: 1, bytes=lambda s, b: 1)
 
