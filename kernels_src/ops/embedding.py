@@ -1,0 +1,347 @@
+"""Token embeddings and the head-layout glue of a transformer, forward and backward (chapter 13).
+
+The capstone GPT needs a few data-movement ops that no earlier chapter has: they do no arithmetic
+worth the name, but each is a pass over an activation and each has a backward.
+
+  embedding       ids (M,) int32, table (V,C)      -> x (M,C)         x[m] = table[ids[m]]       (a gather)
+  embedding_bwd   ids (M,) int32, dx (M,C), V      -> dtable (V,C)    dtable[v] = sum_{m: ids[m]=v} dx[m]
+  heads_merge     o (B,H,T,D)                      -> y (B,T,H*D)     attention output back to token rows
+  heads_split     dy (B,T,H*D)                     -> do (B,H,T,D)    its backward (and the inverse permute)
+  qkv_rope_bwd    dq, dk, dv (B,H,T,D), cos, sin   -> dqkv (B,T,3H,D) the backward of chapter 10's fused
+                  rope_kv_write at start 0: dq and dk rotated by -theta (the transpose of a rotation), dv
+                  copied, all three put back into the projection's token-major layout
+Cost: one read and one write of every element (the embedding backward also reads the ids); memory-bound.
+
+Ladder (every op)
+  cpu/prange  rung 1  rows (tokens, or table columns for the scatter-add) over the cores
+  gpu/thread  rung 1  one thread per output element (consecutive threads -> consecutive elements of
+                      the output, so writes coalesce; the permutes' reads are strided by D)
+The scatter-add is deterministic on both backends: a thread (or core) owns a column of the table and
+walks the tokens in order, so no two writers meet and there are no atomics.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ..device import ceil_div, cuda
+from ..registry import define_op, register
+
+THREADS = 256
+
+
+# --------------------------------------------------------------------------------------- references
+def ref_embedding(ids, table):
+    return np.asarray(table, np.float64)[np.asarray(ids)]
+
+
+def ref_embedding_bwd(ids, dx, n_vocab):
+    out = np.zeros((n_vocab, dx.shape[1]))
+    np.add.at(out, np.asarray(ids), np.asarray(dx, np.float64))
+    return out
+
+
+def ref_heads_merge(o):
+    B, H, T, D = o.shape
+    return np.asarray(o, np.float64).transpose(0, 2, 1, 3).reshape(B, T, H * D)
+
+
+def ref_heads_split(dy, n_heads):
+    B, T, C = dy.shape
+    return np.asarray(dy, np.float64).reshape(B, T, n_heads, C // n_heads).transpose(0, 2, 1, 3)
+
+
+def rotate_back(x, cos, sin):
+    """x (B,H,T,D) rotated by -theta(t) (half-split pairs, positions 0..T-1), in float64."""
+    x = np.asarray(x, np.float64)
+    T, r2 = x.shape[2], cos.shape[1]
+    c = np.asarray(cos, np.float64)[:T][None, None]
+    s = np.asarray(sin, np.float64)[:T][None, None]
+    a, b = x[..., :r2], x[..., r2:2 * r2]
+    y = x.copy()
+    y[..., :r2] = a * c + b * s
+    y[..., r2:2 * r2] = b * c - a * s
+    return y
+
+
+def ref_qkv_rope_bwd(dq, dk, dv, cos, sin):
+    B, H, T, D = dq.shape
+    parts = [rotate_back(dq, cos, sin), rotate_back(dk, cos, sin), np.asarray(dv, np.float64)]
+    return np.concatenate([p.transpose(0, 2, 1, 3) for p in parts], axis=2)  # (B,T,3H,D)
+
+
+# ------------------------------------------------------------------------------------- inputs
+def in_embedding(size, dtype, rng):
+    M, V, C = size
+    return rng.integers(0, V, M).astype(np.int32), rng.standard_normal((V, C)).astype(dtype)
+
+
+def in_embedding_bwd(size, dtype, rng):
+    M, V, C = size
+    ids = rng.integers(0, max(1, V // 2), M).astype(np.int32)  # repeats, and rows nobody uses (zero)
+    return ids, rng.standard_normal((M, C)).astype(dtype), V
+
+
+def in_heads_merge(size, dtype, rng):
+    B, H, T, D = size
+    return (rng.standard_normal((B, H, T, D)).astype(dtype),)
+
+
+def in_heads_split(size, dtype, rng):
+    B, H, T, D = size
+    return rng.standard_normal((B, T, H * D)).astype(dtype), H
+
+
+def in_qkv_rope_bwd(size, dtype, rng):
+    from .rope import cos_sin_cache
+
+    B, H, T, D = size
+    g = [rng.standard_normal((B, H, T, D)).astype(dtype) for _ in range(3)]
+    cos, sin = cos_sin_cache(T, D, dtype=dtype)
+    return (*g, cos, sin)
+
+
+def edge_values(make):
+    """Edge inputs: the normal ones with inf, -inf, NaN-free huge (3e38) and tiny (1e-45) values
+    sprinkled into the float arrays (data movement must carry every value through unchanged)."""
+    from ..registry import sprinkle
+
+    def edge(size, dtype, rng):
+        args = list(make(size, dtype, rng))
+        for a in args:
+            if isinstance(a, np.ndarray) and a.dtype.kind == "f" and a.ndim >= 2 and a.size > 4:
+                if make is in_qkv_rope_bwd and a.ndim == 2:
+                    continue  # the cos/sin tables stay exact
+                sprinkle(a, rng, [3e38, -3e38, 1e-45, 0.0])
+        return tuple(args)
+
+    return edge
+
+
+SZ_EMB = {"check": [(1, 1, 1), (7, 5, 3), (37, 11, 33), (130, 97, 64)], "check_sim": [(1, 1, 1), (7, 5, 3), (9, 4, 17)],
+          "bench": [(8192, 256, 768)], "bench_sim": [(7, 5, 3)]}
+SZ_HEADS = {"check": [(1, 1, 1, 2), (2, 3, 5, 8), (3, 2, 37, 16), (1, 4, 67, 64)],
+            "check_sim": [(1, 1, 1, 2), (2, 3, 5, 8)], "bench": [(8, 12, 1024, 64)], "bench_sim": [(2, 3, 5, 8)]}
+_el = lambda s: float(np.prod(s))  # noqa: E731
+_common = dict(chapter=13, kind="memory", tol=(1e-6, 1e-30))  # pure data movement: exact up to float32 rounding
+define_op("embedding", reference=ref_embedding, make_inputs=in_embedding, title="token embedding (gather)",
+          size_names=("M", "V", "C"), output_names=("x",), sizes=SZ_EMB, flops=lambda s: 0,
+          bytes=lambda s, b: 2 * s[0] * s[2] * b, edge_inputs=edge_values(in_embedding), **_common)
+define_op("embedding_bwd", reference=ref_embedding_bwd, make_inputs=in_embedding_bwd,
+          title="token embedding backward (scatter-add)", size_names=("M", "V", "C"), output_names=("dtable",),
+          sizes=SZ_EMB, flops=lambda s: s[0] * s[2], bytes=lambda s, b: (s[0] + s[1]) * s[2] * b,
+          **{**_common, "tol": (1e-5, 1e-6)})  # sums of repeated rows in float32
+define_op("heads_merge", reference=ref_heads_merge, make_inputs=in_heads_merge, title="(B,H,T,D) -> (B,T,H*D)",
+          size_names=("B", "H", "T", "D"), output_names=("y",), sizes=SZ_HEADS, flops=lambda s: 0,
+          bytes=lambda s, b: 2 * _el(s) * b, edge_inputs=edge_values(in_heads_merge), **_common)
+define_op("heads_split", reference=ref_heads_split, make_inputs=in_heads_split, title="(B,T,H*D) -> (B,H,T,D)",
+          size_names=("B", "H", "T", "D"), output_names=("do",), sizes=SZ_HEADS, flops=lambda s: 0,
+          bytes=lambda s, b: 2 * _el(s) * b, edge_inputs=edge_values(in_heads_split), **_common)
+define_op("qkv_rope_bwd", reference=ref_qkv_rope_bwd, make_inputs=in_qkv_rope_bwd,
+          title="backward of the fused RoPE + head split", size_names=("B", "H", "T", "D"), output_names=("dqkv",),
+          sizes=SZ_HEADS, flops=lambda s: 3 * _el(s), bytes=lambda s, b: 6 * _el(s) * b,
+          **{**_common, "tol": (2e-6, 1e-6)})  # two products and a sum per element
+
+
+# ------------------------------------------------------------------------------------------- CPU
+@njit(cache=True, parallel=True)
+def _emb(x, ids, table):
+    for m in prange(ids.shape[0]):
+        x[m, :] = table[ids[m], :]
+
+
+@njit(cache=True, parallel=True)
+def _emb_bwd(dtable, ids, dx):
+    V, C = dtable.shape
+    for c in prange(C):  # a core owns columns: no two cores write the same element
+        for v in range(V):
+            dtable[v, c] = 0.0
+        for m in range(ids.shape[0]):
+            dtable[ids[m], c] += dx[m, c]
+
+
+@njit(cache=True, parallel=True)
+def _merge(y, o):
+    B, H, T, D = o.shape
+    for bt in prange(B * T):
+        b, t = bt // T, bt % T
+        for h in range(H):
+            y[b, t, h * D:(h + 1) * D] = o[b, h, t, :]
+
+
+@njit(cache=True, parallel=True)
+def _split(do, dy):
+    B, H, T, D = do.shape
+    for bt in prange(B * T):
+        b, t = bt // T, bt % T
+        for h in range(H):
+            do[b, h, t, :] = dy[b, t, h * D:(h + 1) * D]
+
+
+@njit(cache=True, parallel=True)
+def _qkv_bwd(dqkv, dq, dk, dv, cos, sin):
+    B, H, T, D = dq.shape
+    r2 = cos.shape[1]
+    for bt in prange(B * T):
+        b, t = bt // T, bt % T
+        for h in range(H):
+            for i in range(D):
+                dqkv[b, t, 2 * H + h, i] = dv[b, h, t, i]
+            for i in range(r2, D - r2):
+                dqkv[b, t, h, i] = dq[b, h, t, i]
+                dqkv[b, t, H + h, i] = dk[b, h, t, i]
+            for i in range(r2):
+                c, s = cos[t, i], sin[t, i]
+                a, bb = dq[b, h, t, i], dq[b, h, t, i + r2]
+                dqkv[b, t, h, i] = a * c + bb * s
+                dqkv[b, t, h, i + r2] = bb * c - a * s
+                a, bb = dk[b, h, t, i], dk[b, h, t, i + r2]
+                dqkv[b, t, H + h, i] = a * c + bb * s
+                dqkv[b, t, H + h, i + r2] = bb * c - a * s
+
+
+@register("embedding", "cpu", "prange", rung=1)
+def embedding_cpu(x, ids, table):
+    """Token rows copied over the cores: a gather, 2*M*C elements moved. Predict ~copy speed."""
+    _emb(x, ids, table)
+
+
+@register("embedding_bwd", "cpu", "prange", rung=1)
+def embedding_bwd_cpu(dtable, ids, dx, n_vocab):
+    """Columns of the table over the cores, tokens in order: deterministic, no atomics. dx is read
+    with stride C per core (column ownership), which costs cache lines; fine at C <= 1024."""
+    _emb_bwd(dtable, ids, dx)
+
+
+@register("heads_merge", "cpu", "prange", rung=1)
+def heads_merge_cpu(y, o):
+    """(b, t) rows over the cores, each gathering its H head slices of D: contiguous writes."""
+    _merge(y, o)
+
+
+@register("heads_split", "cpu", "prange", rung=1)
+def heads_split_cpu(do, dy, n_heads):
+    """The inverse permute: (b, t) rows over the cores, each scattering H slices of D."""
+    _split(do, dy)
+
+
+@register("qkv_rope_bwd", "cpu", "prange", rung=1)
+def qkv_rope_bwd_cpu(dqkv, dq, dk, dv, cos, sin):
+    """(b, t) rows over the cores: dq, dk rotated back by -theta(t), dv copied, into token-major dqkv."""
+    _qkv_bwd(dqkv, dq, dk, dv, cos, sin)
+
+
+# ------------------------------------------------------------------------------------------- GPU
+@cuda.jit
+def embedding_kernel(x, ids, table):
+    i = cuda.grid(1)
+    C = x.shape[1]
+    if i < x.shape[0] * C:
+        m = i // C
+        x[m, i - m * C] = table[ids[m], i - m * C]
+
+
+@cuda.jit
+def embedding_bwd_kernel(dtable, ids, dx):
+    i = cuda.grid(1)  # one thread per table element: walks the tokens in order (deterministic)
+    V, C = dtable.shape
+    if i < V * C:
+        v = i // C
+        c = i - v * C
+        acc = np.float32(0.0)
+        for m in range(ids.shape[0]):
+            if ids[m] == v:
+                acc += dx[m, c]
+        dtable[v, c] = acc
+
+
+@cuda.jit
+def heads_merge_kernel(y, o):
+    i = cuda.grid(1)
+    B, H, T, D = o.shape
+    if i < B * H * T * D:
+        d = i % D
+        h = (i // D) % H
+        t = (i // (D * H)) % T
+        b = i // (D * H * T)
+        y[b, t, h * D + d] = o[b, h, t, d]
+
+
+@cuda.jit
+def heads_split_kernel(do, dy):
+    i = cuda.grid(1)
+    B, H, T, D = do.shape
+    if i < B * H * T * D:
+        d = i % D
+        t = (i // D) % T
+        h = (i // (D * T)) % H
+        b = i // (D * T * H)
+        do[b, h, t, d] = dy[b, t, h * D + d]
+
+
+@cuda.jit
+def qkv_rope_bwd_kernel(dqkv, dq, dk, dv, cos, sin):
+    i = cuda.grid(1)
+    B, T, H3, D = dqkv.shape
+    H = H3 // 3
+    r2 = cos.shape[1]
+    if i < B * T * H3 * D:
+        d = i % D
+        j = (i // D) % H3
+        t = (i // (D * H3)) % T
+        b = i // (D * H3 * T)
+        if j >= 2 * H:
+            dqkv[b, t, j, d] = dv[b, j - 2 * H, t, d]
+            return
+        g = dq if j < H else dk
+        h = j if j < H else j - H
+        if d < r2:
+            dqkv[b, t, j, d] = g[b, h, t, d] * cos[t, d] + g[b, h, t, d + r2] * sin[t, d]
+        elif d < 2 * r2:
+            e = d - r2
+            dqkv[b, t, j, d] = g[b, h, t, d] * cos[t, e] - g[b, h, t, e] * sin[t, e]
+        else:
+            dqkv[b, t, j, d] = g[b, h, t, d]
+
+
+def _grid(n):
+    return max(1, ceil_div(n, THREADS)), THREADS
+
+
+_F2, _F4, _I1 = "float32[:, ::1]", "float32[:, :, :, ::1]", "int32[::1]"
+_F3 = "float32[:, :, ::1]"
+
+
+@register("embedding", "gpu", "thread", rung=1, ptx=[(embedding_kernel, f"void({_F2}, {_I1}, {_F2})")])
+def embedding_gpu(x, ids, table):
+    """One thread per output element: a warp copies 32 consecutive floats of one token row (coalesced).
+    Predict near copy bandwidth for C >= 32."""
+    embedding_kernel[_grid(x.size)](x, ids, table)
+
+
+@register("embedding_bwd", "gpu", "thread", rung=1, ptx=[(embedding_bwd_kernel, f"void({_F2}, {_I1}, {_F2})")])
+def embedding_bwd_gpu(dtable, ids, dx, n_vocab):
+    """One thread per table element scans all M ids and adds the matching rows: deterministic and
+    atomic-free, but O(V*M) id reads: fine for a char-level vocabulary, wrong for 50k tokens (there,
+    sort the ids or use atomics)."""
+    embedding_bwd_kernel[_grid(dtable.size)](dtable, ids, dx)
+
+
+@register("heads_merge", "gpu", "thread", rung=1, ptx=[(heads_merge_kernel, f"void({_F3}, {_F4})")])
+def heads_merge_gpu(y, o):
+    """One thread per element in input order: reads coalesce, writes are D-long runs. ~copy speed."""
+    heads_merge_kernel[_grid(o.size)](y, o)
+
+
+@register("heads_split", "gpu", "thread", rung=1, ptx=[(heads_split_kernel, f"void({_F4}, {_F3})")])
+def heads_split_gpu(do, dy, n_heads):
+    """One thread per element in output order: writes coalesce, reads are D-long runs. ~copy speed."""
+    heads_split_kernel[_grid(do.size)](do, dy)
+
+
+@register("qkv_rope_bwd", "gpu", "thread", rung=1,
+          ptx=[(qkv_rope_bwd_kernel, f"void({_F4}, {_F4}, {_F4}, {_F4}, {_F2}, {_F2})")])
+def qkv_rope_bwd_gpu(dqkv, dq, dk, dv, cos, sin):
+    """One thread per element of dqkv (coalesced writes); each rotated element reads itself, its pair
+    partner and (c, s). Predict ~copy speed: 6 elements moved per 3 output elements' worth of inputs."""
+    qkv_rope_bwd_kernel[_grid(dqkv.size)](dqkv, dq, dk, dv, cos, sin)
