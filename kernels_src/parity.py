@@ -222,15 +222,24 @@ def run_variant(variant, inputs, outs) -> list[np.ndarray]:
     return results
 
 
-def check_variant(variant, op, size, dtype="float32", seed=0) -> ParityReport:
+def check_variant(variant, op, size, dtype="float32", seed=0, edge: bool = False) -> ParityReport:
+    """``variant`` against the float64 reference at ``size`` on inputs from ``op.make_inputs`` or, with
+    ``edge``, from the op's edge inputs (NaN, infinities, signed zeros, extreme magnitudes)."""
     label = variant.key
-    rep = ParityReport(label, op.describe_size(size), np.dtype(dtype).name)
+    rep = ParityReport(label, op.describe_size(size) + (", edge values" if edge else ""), np.dtype(dtype).name)
     ok, why = variant.available()
     if not ok:
         rep.skipped = why
         return rep
     rng = np.random.default_rng(seed)
-    inputs = as_tuple(op.make_inputs(size, np.dtype(dtype), rng))
+    make = op.make_inputs
+    if edge:
+        from .registry import find_edge_inputs
+
+        make = find_edge_inputs(op, module_fallback=False)
+        if make is None:
+            raise ValueError(f"{op.name} defines no edge inputs")
+    inputs = as_tuple(make(size, np.dtype(dtype), rng))
     refs = reference_outputs(op, inputs)
     outs = empty_outputs(refs, dtype)
     try:

@@ -65,6 +65,7 @@ class Variant:
     dtypes: tuple = ("float32",)
     baseline: bool = False  # a vendor yardstick (numpy, cuBLAS), not a course kernel
     requires: Callable[[], tuple[bool, str]] | None = None  # for baselines needing torch/cupy
+    edge_exempt: str = ""  # why this rung is not held to the op's edge values (e.g. an overflow demo)
 
     @property
     def key(self) -> str:
@@ -100,7 +101,8 @@ def define_op(name: str, **kwargs) -> Op:
 
 
 def register(op: str, backend: str, variant: str, *, rung: int = 0, flops=None, bytes=None, tol=None,
-             ptx=(), dtypes=("float32",), baseline: bool = False, requires=None, doc: str | None = None):
+             ptx=(), dtypes=("float32",), baseline: bool = False, requires=None, doc: str | None = None,
+             edge_exempt: str = ""):
     """Decorator: add ``fn`` as implementation ``variant`` of ``op`` on ``backend``.
 
     GPU launchers are wrapped so that, under the simulator, they print one notice and run with the
@@ -115,7 +117,7 @@ def register(op: str, backend: str, variant: str, *, rung: int = 0, flops=None, 
         run = _gpu_launcher(fn) if backend == "gpu" else fn
         v = Variant(op=op, backend=backend, name=variant, fn=run, rung=rung, doc=doc or fn.__doc__ or "",
                     flops=flops, bytes=bytes, tol=tol, ptx=tuple(ptx), dtypes=tuple(dtypes),
-                    baseline=baseline, requires=requires)
+                    baseline=baseline, requires=requires, edge_exempt=edge_exempt)
         lst = _OPS[op].variants
         for i, old in enumerate(lst):
             if old.key == v.key:
@@ -171,15 +173,19 @@ def find_op(name: str) -> Op:
     return get_op(name)
 
 
-def find_edge_inputs(op: Op):
+def find_edge_inputs(op: Op, *, module_fallback: bool = True):
     """``make_edge_inputs(size, dtype, rng)`` for ``op``: its own ``edge_inputs``, else one registered in
-    :data:`EDGE_INPUTS`, else a module-level ``make_edge_inputs`` next to its reference."""
+    :data:`EDGE_INPUTS`, else (with ``module_fallback``) a module-level ``make_edge_inputs`` next to its
+    reference. The fallback cannot tell which of a module's ops it was written for, so the registry-wide
+    edge test uses only the explicit ones."""
     import sys
 
     if op.edge_inputs is not None:
         return op.edge_inputs
     if op.name in EDGE_INPUTS:
         return EDGE_INPUTS[op.name]
+    if not module_fallback:
+        return None
     mod = sys.modules.get(getattr(op.reference, "__module__", ""), None)
     return getattr(mod, "make_edge_inputs", None)
 

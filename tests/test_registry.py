@@ -34,6 +34,36 @@ def test_variant_matches_reference(key, size, dtype):
     assert rep.ok, str(rep)
 
 
+def _edge_cases():
+    """Every variant of every op that defines edge inputs, at one size per backend: the largest simulator
+    size on the GPU (the simulator is slow), a mid-sized check size on the CPU."""
+    from kernels_src.registry import find_edge_inputs
+
+    cases = []
+    for v in variants():
+        op = get_op(v.op)
+        if find_edge_inputs(op, module_fallback=False) is None:
+            continue
+        sizes = [tuple(s) for s in parity.default_check_sizes(op, v.backend)]
+        size = max(sizes, key=lambda s: int(np.prod(s))) if v.backend == "gpu" else sizes[len(sizes) // 2]
+        cases.append(pytest.param(v.key, size, id=f"{v.key}-{op.size_label(size)}-edge"))
+    return cases
+
+
+@pytest.mark.parametrize("key,size", _edge_cases())
+def test_variant_matches_reference_on_edge_values(key, size):
+    """NaN propagates, infinities and signed zeros come out as the float64 reference says (the course's
+    rule for non-finite inputs, NumPy's and torch's)."""
+    v = kernels_src.get_variant(key)
+    if v.edge_exempt:
+        pytest.skip(f"{key} is exempt: {v.edge_exempt}")
+    rep = parity.check_variant(v, get_op(v.op), size, "float32", seed=zlib.crc32(f"{key}{size}edge".encode()),
+                               edge=True)
+    if rep.skipped:
+        pytest.skip(rep.skipped)
+    assert rep.ok, str(rep)
+
+
 @pytest.mark.parametrize("name", [o.name for o in ops()])
 def test_op_has_awkward_sizes(name):
     """Each op's check sweep includes a size with a 1 in it and a dimension that is a prime >= 7."""

@@ -122,7 +122,9 @@ def bias_gelu_ref(x, b):
 # ---------------------------------------------------------------------------- scalar math, float32
 # Constants are float32 globals, so the arithmetic stays in float32 on both targets.
 def relu_s(x):
-    return x if x > F0 else F0
+    # "not (x <= 0)" rather than "x > 0": a NaN fails every comparison, so it passes through as NaN
+    # (NumPy's and torch's rule, and the reference's), instead of becoming 0
+    return F0 if x <= F0 else x
 
 
 def relu_bwd_s(dy, x):
@@ -531,6 +533,21 @@ def _bias_gelu_edges(size, dtype, rng):
     return x, b
 
 
+def _relu_edges(size, dtype, rng):
+    """NaN must stay NaN (NumPy's and torch's rule: ReLU propagates it), infinities and signed zeros."""
+    (x,) = make_inputs_1(size, dtype, rng)
+    return (_sprinkle(x, rng, [np.nan, np.inf, -np.inf, -0.0, 0.0]),)
+
+
+def _relu_bwd_edges(size, dtype, rng):
+    """x at NaN, infinities and zeros (the derivative is 0 there, except 1 at +inf); dy stays finite, since
+    the reference's dy * (x > 0) turns an infinite dy at x <= 0 into NaN where torch gives 0."""
+    dy, x = make_inputs_2(size, dtype, rng)
+    return dy, _sprinkle(x, rng, [np.nan, np.inf, -np.inf, -0.0, 0.0])
+
+
+EDGE_INPUTS["relu"] = _relu_edges
+EDGE_INPUTS["relu_bwd"] = _relu_bwd_edges
 EDGE_INPUTS["gelu_tanh_bwd"] = _gelu_tanh_bwd_edges
 EDGE_INPUTS["bias_gelu"] = _bias_gelu_edges
 

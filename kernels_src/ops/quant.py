@@ -619,7 +619,8 @@ def _cpu_rungs(fmt):
         quantize_x_q8(xq, xd, x)
         q8act(y, xq, xd, quants(Wq), Wq.view(np.uint16))
 
-    register(op, "cpu", "q8act_prange", rung=4, tol=q8act_tol)(q8act_fn)
+    register(op, "cpu", "q8act_prange", rung=4, tol=q8act_tol,
+             edge_exempt="activations quantized to 8 bits per block of 32: a huge value in a block rounds the block's other values away, by design")(q8act_fn)
 
 
 for _f in FORMATS:
@@ -1113,6 +1114,7 @@ def _gpu_rungs(fmt):
         t4[ceil_div(y.size, ROWS), (32, WARPS)](y, xq.view(np.int32), xd, Wq.view(np.uint16), Wq.view(np.float16))
 
     register(op, "gpu", "q8act", rung=4, tol=q8act_tol,
+             edge_exempt="activations quantized to 8 bits per block of 32: a huge value in a block rounds the block's other values away, by design",
              ptx=[(quantize_x_kernel, "void(int8[::1], float32[::1], float32[::1])"), (t4, sig4)])(r4)
 
 

@@ -30,7 +30,7 @@ from numba import float32, njit
 
 from .. import device
 from ..device import ceil_div, cuda, needs_real_gpu
-from ..registry import define_op, register
+from ..registry import define_op, register, sprinkle
 
 NEG_INF = np.float32(-np.inf)
 ZERO = np.float32(0.0)
@@ -52,12 +52,15 @@ def row_jit(threads: int, fast: bool = True):
 
 # --------------------------------------------------------------------------------------- reference
 def reference_sum(x):
-    """float64 oracle: math.fsum is correctly rounded, so the oracle itself has no accumulation error."""
+    """float64 oracle: math.fsum is correctly rounded, so the oracle itself has no accumulation error.
+    With an infinity or NaN in x the sum is that (inf + -inf = NaN), as IEEE addition gives in any order."""
+    if not np.all(np.isfinite(x)):
+        return np.array([np.sum(x)])
     return np.array([math.fsum(x)])
 
 
 def reference_max(x):
-    return np.array([np.max(x)])
+    return np.array([np.max(x)])  # NaN if any element is NaN (the course's rule, NumPy's and torch's)
 
 
 def make_inputs(size, dtype, rng):
@@ -70,6 +73,20 @@ def make_inputs(size, dtype, rng):
 def make_inputs_max(size, dtype, rng):
     (n,) = size
     return (rng.standard_normal(n).astype(dtype),)
+
+
+def make_edge_inputs_sum(size, dtype, rng):
+    """+inf among ordinary values, signed zeros and a denormal: the sum is +inf for every rung (a Kahan
+    compensation that computes inf - inf would turn it into NaN)."""
+    (x,) = make_inputs(size, dtype, rng)
+    return (sprinkle(x, rng, [np.inf, 0.0, -0.0, 1e-40]),)
+
+
+def make_edge_inputs_max(size, dtype, rng):
+    """A NaN, infinities and signed zeros: the max is NaN (NaN propagates, as in NumPy and torch), also for
+    the one-element vector [NaN]."""
+    (x,) = make_inputs_max(size, dtype, rng)
+    return (sprinkle(x, rng, [np.nan, -np.inf, np.inf, -0.0]),)
 
 
 def sum_tol(size, dtype):
@@ -91,12 +108,12 @@ _sizes = {"check": [(1,), (2,), (7,), (127,), (1000,), (4099,), (65537,)],
 define_op("reduce_sum", reference=reference_sum, make_inputs=make_inputs, chapter=7,
           title="sum of a vector", size_names=("n",), kind="memory", tol=sum_tol,
           flops=lambda s: max(s[0] - 1, 0), bytes=lambda s, b: (s[0] + 1) * b, sizes=_sizes,
-          output_names=("total",))
+          output_names=("total",), edge_inputs=make_edge_inputs_sum)
 define_op("reduce_max", reference=reference_max, make_inputs=make_inputs_max, chapter=7,
           title="maximum of a vector", size_names=("n",), kind="memory",
           tol=(0.0, 0.0),  # max only compares and copies: the result must be exact
           flops=lambda s: max(s[0] - 1, 0), bytes=lambda s, b: (s[0] + 1) * b, sizes=_sizes,
-          output_names=("maximum",))
+          output_names=("maximum",), edge_inputs=make_edge_inputs_max)
 
 
 # --------------------------------------------------------------------------------------------- CPU
@@ -164,7 +181,10 @@ def sum_kahan(x):
     for i in range(x.size):
         y = x[i] - c
         t = s + y
-        c = (t - s) - y  # what the add just rounded away (algebraically zero)
+        if math.isinf(t):  # inf - inf would make the compensation NaN: an infinite sum has nothing to carry
+            c = np.float32(0.0)
+        else:
+            c = (t - s) - y  # what the add just rounded away (algebraically zero)
         s = t
     return s
 
@@ -202,7 +222,7 @@ def max_numpy(out, x):
 def max_loop(x):
     m = np.float32(-np.inf)
     for i in range(x.size):
-        if x[i] > m:
+        if x[i] > m or x[i] != x[i]:  # a NaN sticks: nothing compares greater than NaN afterwards
             m = x[i]
     return m
 
@@ -221,7 +241,8 @@ def _add(a, b):
 
 @cuda.jit(device=True, inline="always")
 def _max(a, b):
-    return a if a >= b else b
+    # NaN wins, from either side (a != a only for NaN), as in np.max: a NaN anywhere makes the max NaN
+    return a if (a >= b or a != a) else b
 
 
 def _make_smem_reduce(combine):

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from ..device import ceil_div, cuda
-from ..registry import define_op, register
+from ..registry import define_op, register, sprinkle
 
 
 def ref_relu(Z):
@@ -37,6 +37,18 @@ def inputs_relu_bwd(size, dtype, rng):
     return rng.standard_normal(Z.shape).astype(dtype), Z
 
 
+def edges_relu(size, dtype, rng):
+    """NaN must stay NaN (as in NumPy and torch), infinities and signed zeros."""
+    (Z,) = inputs_relu(size, dtype, rng)
+    return (sprinkle(Z, rng, [np.nan, np.inf, -np.inf, -0.0]),)
+
+
+def edges_relu_bwd(size, dtype, rng):
+    """Z at NaN, infinities and -0 (derivative 0 there, 1 at +inf); G finite (see activations' relu_bwd)."""
+    G, Z = inputs_relu_bwd(size, dtype, rng)
+    return G, sprinkle(Z, rng, [np.nan, np.inf, -np.inf, -0.0])
+
+
 SIZES = {"check": [(1, 1), (1, 7), (3, 5), (17, 33), (300, 64), (257, 129)],
          "check_sim": [(1, 1), (3, 5), (17, 20)],
          "bench": [(300, 64), (4096, 1024)],
@@ -46,10 +58,10 @@ SIZES = {"check": [(1, 1), (1, 7), (3, 5), (17, 33), (300, 64), (257, 129)],
 # Exact: no rounding happens in max(z, 0) or g * 1 / g * 0, so the default float32 tolerance is ample.
 define_op("relu_mlp_fwd", reference=ref_relu, make_inputs=inputs_relu, chapter=3, size_names=("M", "N"),
           title="ReLU forward (chapter 3's MLP)", output_names=("H",), kind="memory",
-          flops=lambda s: s[0] * s[1], bytes=lambda s, b: 2 * s[0] * s[1] * b, sizes=SIZES)
+          flops=lambda s: s[0] * s[1], bytes=lambda s, b: 2 * s[0] * s[1] * b, sizes=SIZES, edge_inputs=edges_relu)
 define_op("relu_mlp_bwd", reference=ref_relu_bwd, make_inputs=inputs_relu_bwd, chapter=3, size_names=("M", "N"),
           title="ReLU backward (chapter 3's MLP)", output_names=("dZ",), kind="memory",
-          flops=lambda s: s[0] * s[1], bytes=lambda s, b: 3 * s[0] * s[1] * b, sizes=SIZES)
+          flops=lambda s: s[0] * s[1], bytes=lambda s, b: 3 * s[0] * s[1] * b, sizes=SIZES, edge_inputs=edges_relu_bwd)
 
 
 @register("relu_mlp_fwd", "cpu", "numpy", baseline=True)
@@ -64,7 +76,7 @@ def _relu_fwd_loop(H, Z):
     for m in range(M):
         for n in range(N):
             z = Z[m, n]
-            H[m, n] = z if z > 0 else 0.0
+            H[m, n] = 0.0 if z <= 0 else z  # NaN propagates (NaN <= 0 is false), as in NumPy
 
 
 @register("relu_mlp_fwd", "cpu", "loop", rung=1)
@@ -102,7 +114,7 @@ def relu_fwd_kernel(H, Z):
     n, m = cuda.grid(2)
     if m < Z.shape[0] and n < Z.shape[1]:
         z = Z[m, n]
-        H[m, n] = z if z > 0 else np.float32(0.0)
+        H[m, n] = np.float32(0.0) if z <= 0 else z  # NaN fails "<= 0": it propagates, as in NumPy
 
 
 @cuda.jit

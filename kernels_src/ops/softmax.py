@@ -126,7 +126,7 @@ def softmax_naive_rows(y, x):
             y[i, j] = np.exp(x[i, j]) / s
 
 
-@register("softmax", "cpu", "naive", rung=1)
+@register("softmax", "cpu", "naive", rung=1, edge_exempt="the textbook formula: it overflows on large logits, which is the point of this rung")
 def softmax_naive(y, x):
     """Straight from the formula: sum exp(x), then divide. Two passes over x, two exps per element.
     Overflows (inf/inf = NaN) as soon as a logit passes ~88, and gives 0/0 = NaN on a fully masked row."""
@@ -417,7 +417,8 @@ def _launch_streaming(kind, y, x):
     kernel(kind, t)[x.shape[0], t](y, x)
 
 
-@register("softmax", "gpu", "naive", rung=1, ptx=[(kernel("naive", PTX_STREAM), SIG)])
+@register("softmax", "gpu", "naive", rung=1, ptx=[(kernel("naive", PTX_STREAM), SIG)],
+          edge_exempt="the textbook formula: it overflows on large logits, which is the point of this rung")
 def softmax_naive_gpu(y, x):
     """One block per row; threads stride over the columns, a shared-memory tree sums exp(x). The row is
     read twice (sum, then write): 3 DRAM passes instead of 2 if L2 cannot hold it between the two, so
