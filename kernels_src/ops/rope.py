@@ -137,7 +137,7 @@ SIZES = {"check": [(1, 1, 2, 2), (7, 3, 12, 8), (5, 4, 64, 64), (13, 2, 128, 64)
          "bench": [(1024, 32, 128, 128)],
          "bench_gpu": [(1024, 32, 128, 128), (16384, 32, 128, 128)],
          "bench_sim": [(3, 2, 12, 8)]}
-_common = dict(make_inputs=make_inputs, chapter=10, size_names=("T", "H", "D", "R"), kind="memory", tol=TOL,
+_common = dict(make_inputs=make_inputs, edge_inputs=make_edge_inputs, chapter=10, size_names=("T", "H", "D", "R"), kind="memory", tol=TOL,
                output_names=("y",), sizes=SIZES, flops=_flops, bytes=_bytes)
 define_op("rope", reference=reference, title="RoPE, half-split pairs (GPT-NeoX / HF)", **_common)
 define_op("rope_bwd", reference=reference_bwd, title="RoPE backward, half-split (rotation by -theta)",
@@ -392,7 +392,7 @@ def _reg_gpu(op, il, inv):
     def rope_unrolled(y, x, pos, cos, sin):
         """Rung 2 with the head loop unrolled (8 heads per thread, a compile-time count): each thread
         issues its 16 loads before its first store. On the H100 rung 2 keeps ~2 loads in flight per
-        thread at 50 % occupancy (ncu: latency-bound); 8x more bytes in flight should reach >= 90 %
+        thread at 50 % occupancy (ncu: latency-bound). With 8x more bytes in flight, predict >= 90 %
         of copy bandwidth."""
         launch_unrolled(il, inv, y, x, pos, cos, sin)
 
