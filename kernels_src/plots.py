@@ -14,7 +14,7 @@ import numpy as np
 from .bench import fmt_time, load_json
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "book" / "data" / "bench"
+from .paths import BENCH_DATA as DATA  # noqa: E402
 
 
 def load_bench(name: str) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..paths import BENCH_DATA
 from ..ops import attention as A
 
 
@@ -238,7 +239,7 @@ def peak_memory(out=None, B=1, H=16, S=16384, D=64):
 
 def load(name):
     """A committed H100 JSON of this chapter (book/data/bench/h100/<name>.json)."""
-    p = Path(__file__).resolve().parents[2] / "book" / "data" / "bench" / "h100" / f"{name}.json"
+    p = BENCH_DATA / "h100" / f"{name}.json"
     return json.loads(p.read_text())
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..paths import BENCH_DATA
+
 # ------------------------------------------------------------------------------- model shapes
 # (name, layers, query heads, kv heads, head dim, rope base, source); from each model's config.json
 MODELS = [
@@ -408,7 +410,7 @@ def ncu_metrics(path=None) -> list[dict]:
     """The kernels in a saved Nsight Compute text report: [{'kernel', 'launch', metric name: value}]."""
     import re
 
-    path = Path(path) if path else Path(__file__).resolve().parents[2] / "book/data/bench/h100/rope_decode_ncu.txt"
+    path = Path(path) if path else BENCH_DATA / "h100" / "rope_decode_ncu.txt"
     out = []
     for line in path.read_text().splitlines():
         m = re.match(r"\s+\S*::(\w+)\[.*\) (\(\d+, \d+, \d+\)x\(\d+, \d+, \d+\))", line)

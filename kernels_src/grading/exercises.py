@@ -185,7 +185,8 @@ fi
 /autograder/venv/bin/python -m pip install --no-cache-dir -r requirements.txt
 /autograder/venv/bin/python -m pip install --no-cache-dir --no-deps ./course
 /autograder/venv/bin/python -m ipykernel install --sys-prefix --name python3
-/autograder/venv/bin/python -m kernels_src.grading.submission --self-test /autograder/source
+KERNELS_BENCH_DATA=/autograder/source/course/book/data/bench \
+    /autograder/venv/bin/python -m kernels_src.grading.submission --self-test /autograder/source
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
@@ -194,6 +195,7 @@ RUN_AUTOGRADER = """#!/usr/bin/env bash
 # in a copy of that layout with an existing environment.
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
 PY="${KERNELS_AUTOGRADER_PYTHON:-/autograder/venv/bin/python}"
+export KERNELS_BENCH_DATA="$ROOT/source/course/book/data/bench"
 exec "$PY" -m kernels_src.grading.submission --gradescope "$ROOT"
 """
 
@@ -245,6 +247,10 @@ def _write_gradescope_files(source: Path) -> None:
             shutil.copy(ROOT / name, course / name)
     shutil.copytree(ROOT / "kernels_src", course / "kernels_src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    # The committed benchmark data: predict-then-measure questions are graded against it. The package is
+    # installed (not editable) there, so run_autograder points KERNELS_BENCH_DATA at this copy.
+    shutil.copytree(ROOT / "book" / "data" / "bench", course / "book" / "data" / "bench",
+                    ignore=shutil.ignore_patterns("*.tmp"))
 
 
 def _zip_dir(src: Path, dest: Path) -> None:

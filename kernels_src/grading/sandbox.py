@@ -27,7 +27,7 @@ DEFAULT_MEMORY = int(os.environ.get("KERNELS_GRADING_MEMORY_MB", "3072")) << 20 
 OUTPUT_LIMIT = 32 << 20  # bytes per file written (RLIMIT_FSIZE): caps what student code can print
 STDOUT_TAIL = 2000  # characters of the child's output kept for the report
 _PASS_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "SYSTEMROOT",
-             "NUMBA_CUDA_DRIVER", "NUMBA_CUDA_NVVM", "NUMBA_CUDA_LIBDEVICE")
+             "NUMBA_CUDA_DRIVER", "NUMBA_CUDA_NVVM", "NUMBA_CUDA_LIBDEVICE", "KERNELS_BENCH_DATA")
 
 
 @dataclass

@@ -34,6 +34,7 @@ import math
 import numpy as np
 from numba import float32, njit, prange
 
+from ..paths import BENCH_DATA
 from .. import device
 from ..device import cuda, ceil_div, needs_real_gpu
 from ..registry import define_op, register
@@ -765,7 +766,7 @@ def make_edge_inputs(size, dtype, rng):
 
 
 # ---------------------------------------------------- predict, then measure (the chapter's exercise)
-MEASURED = "book/data/bench/h100/decode_attention_gpu.json"
+MEASURED = "h100/decode_attention_gpu.json"  # under kernels_src.paths.BENCH_DATA
 PREDICT_SHAPE = (1, 32, 8, 128)  # B, Hq, Hkv, D of the prediction question; L varies
 PREDICT_L0 = 32768  # the cache length whose measured time is given
 
@@ -776,7 +777,7 @@ def measured_times(min_len=16384):
     import json
     from pathlib import Path
 
-    res = json.loads((Path(__file__).resolve().parents[2] / MEASURED).read_text())
+    res = json.loads((BENCH_DATA / MEASURED).read_text())
     b, hq, hkv, d = PREDICT_SHAPE
     rows = [r for r in res["rows"] if "median_s" in r and not r["baseline"] and r["size"][:3] == [b, hq, hkv]
             and r["size"][4] == d and r["size"][3] >= min_len]

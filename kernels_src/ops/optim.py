@@ -71,6 +71,7 @@ import math
 import numpy as np
 from numba import float32, njit, prange
 
+from ..paths import BENCH_DATA
 from ..device import ceil_div, cuda
 from ..registry import define_op, register
 
@@ -965,7 +966,7 @@ def measured_per_tensor_us():
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "book" / "data" / "bench" / MEASURED_MULTI
+    path = BENCH_DATA / MEASURED_MULTI
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: the predict-then-measure op grades against committed data")
     res = json.loads(path.read_text())

@@ -48,6 +48,7 @@ import math
 import numpy as np
 from numba import float32, float64, int32, njit, prange
 
+from ..paths import BENCH_DATA
 from .. import device
 from ..device import ceil_div, cuda
 from ..registry import define_op, register
@@ -1165,7 +1166,7 @@ def measured_speedups(size=(8192, 8192)):
 
     out = []
     for fmt in ("q8_0", "q4_0"):
-        path = Path(__file__).resolve().parents[2] / "book" / "data" / "bench" / "h100" / f"qgemv_{fmt}_gpu.json"
+        path = BENCH_DATA / "h100" / f"qgemv_{fmt}_gpu.json"
         rows = [r for r in json.loads(path.read_text())["rows"] if "median_s" in r and tuple(r["size"]) == size]
         fp32 = next(r["median_s"] for r in rows if r["variant"] == "fp32_gemv")
         best = min(r["median_s"] for r in rows if not r["baseline"])

@@ -1,0 +1,10 @@
+"""Where the committed benchmark data lives: ``book/data/bench`` of the checkout, or the folder named by
+``KERNELS_BENCH_DATA`` (the Gradescope autograder installs the library as a package and ships the data
+beside it). Predict-then-measure exercises and the book's figures read it through :data:`BENCH_DATA`."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DATA = Path(os.environ.get("KERNELS_BENCH_DATA") or ROOT / "book" / "data" / "bench")
