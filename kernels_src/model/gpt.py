@@ -1,0 +1,407 @@
+"""The capstone GPT, float32, every operation a registered course kernel (chapter 13).
+
+Same architecture and parameter names as :mod:`kernels_src.model.reference` (read that file for the
+math). Nothing here computes: each line hands arrays to a kernel looked up in the registry, through
+a *backend*, a table from a role ("gemm", "attention", ...) to a registered variant:
+
+    backend("cpu")   the fastest Numba CPU rungs
+    backend("gpu")   numba.cuda rungs: on a real GPU the fast ones, in the simulator the simple ones
+
+N = B*T token rows, C width, H heads of D, F = 4C, V vocabulary. Shapes are written where they are used.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from .. import device, registry
+from ..ops.rope import cos_sin_cache
+from .reference import Config, param_shapes
+
+# role -> "op/backend/variant"; the chapter of each op is in the registry (registry.get_op(op).chapter)
+CPU = {
+    "gemm": "gemm/cpu/regblock_par",                 # Y = X W            (ch 5)
+    "matmul_dx": "linear_bwd_dx/cpu/prange",         # dX = G W^T         (ch 3)
+    "matmul_dw": "linear_bwd_dw/cpu/prange",         # dW = X^T G         (ch 3)
+    "rmsnorm": "rmsnorm/cpu/prange",                 # (ch 7)
+    "rmsnorm_bwd": "rmsnorm_bwd/cpu/loop",
+    "rope_qkv": "rope_kv_write/cpu/loop",            # RoPE + head split (+ cache write)  (ch 10)
+    "rope_qkv_bwd": "qkv_rope_bwd/cpu/prange",       # (ch 13)
+    "attention": "attention/cpu/blocked",            # causal flash-style attention (ch 9)
+    "attention_bwd": "attention_bwd/cpu/prange",
+    "heads_merge": "heads_merge/cpu/prange",         # (ch 13)
+    "heads_split": "heads_split/cpu/prange",
+    "gelu": "gelu/cpu/loop",                         # (ch 6)
+    "gelu_bwd": "gelu_bwd/cpu/loop",
+    "add": "axpy/cpu/prange",                        # residual add = axpy with a = 1 (ch 1)
+    "embedding": "embedding/cpu/prange",             # (ch 13)
+    "embedding_bwd": "embedding_bwd/cpu/prange",
+    "cross_entropy": "cross_entropy/cpu/online_prange",  # (ch 13)
+    "cross_entropy_bwd": "cross_entropy_bwd/cpu/prange",
+    "sum": "reduce_sum/cpu/f64acc",                  # the mean loss (ch 7)
+    "adamw": "adamw/cpu/prange",                     # (ch 12)
+    "decode_attention": "decode_attention/cpu/prange",  # (ch 10)
+    "qgemv_q8_0": "qgemv_q8_0/cpu/fused_prange",     # (ch 11)
+    "qgemv_q4_0": "qgemv_q4_0/cpu/fused_prange",
+    "q8_0_quantize": "q8_0_quantize/cpu/njit",
+    "q4_0_quantize": "q4_0_quantize/cpu/njit",
+    "q8_0_dequantize": "q8_0_dequantize/cpu/njit",
+    "q4_0_dequantize": "q4_0_dequantize/cpu/njit",
+}
+GPU = {**{k: v.replace("/cpu/", "/gpu/") for k, v in CPU.items()}, **{
+    "gemm": "gemm/gpu/tuned", "matmul_dx": "linear_bwd_dx/gpu/naive", "matmul_dw": "linear_bwd_dw/gpu/naive",
+    "rmsnorm": "rmsnorm/gpu/regs_shfl", "rmsnorm_bwd": "rmsnorm_bwd/gpu/regs_shfl",
+    "rope_qkv": "rope_kv_write/gpu/token", "rope_qkv_bwd": "qkv_rope_bwd/gpu/thread",
+    "attention": "attention/gpu/flash_causal", "attention_bwd": "attention_bwd/gpu/flash2",
+    "heads_merge": "heads_merge/gpu/thread", "heads_split": "heads_split/gpu/thread",
+    "gelu": "gelu/gpu/ilp4", "gelu_bwd": "gelu_bwd/gpu/ilp4", "add": "axpy/gpu/stride",
+    "embedding": "embedding/gpu/thread", "embedding_bwd": "embedding_bwd/gpu/thread",
+    "cross_entropy": "cross_entropy/gpu/row", "cross_entropy_bwd": "cross_entropy_bwd/gpu/row",
+    "sum": "reduce_sum/gpu/two_pass", "adamw": "adamw/gpu/fused_ilp4", "decode_attention": "decode_attention/gpu/splitk",
+    "qgemv_q8_0": "qgemv_q8_0/gpu/rows", "qgemv_q4_0": "qgemv_q4_0/gpu/rows",
+    "q8_0_quantize": "q8_0_quantize/gpu/warp_per_block", "q4_0_quantize": "q4_0_quantize/gpu/warp_per_block",
+    "q8_0_dequantize": "q8_0_dequantize/gpu/thread_per_elem", "q4_0_dequantize": "q4_0_dequantize/gpu/thread_per_elem",
+}}
+# In the simulator (tests, exercises) the simplest correct rungs: no warp shuffles, few threads.
+GPU_SIM = {**GPU, "gemm": "gemm/gpu/coalesced", "rmsnorm": "rmsnorm/gpu/regs", "rmsnorm_bwd": "rmsnorm_bwd/gpu/regs",
+           "attention": "attention/gpu/row", "gelu": "gelu/gpu/thread", "gelu_bwd": "gelu_bwd/gpu/thread",
+           "add": "axpy/gpu/thread", "sum": "reduce_sum/gpu/smem_tree", "adamw": "adamw/gpu/fused",
+           "decode_attention": "decode_attention/gpu/block", "qgemv_q8_0": "qgemv_q8_0/gpu/warp_per_row",
+           "qgemv_q4_0": "qgemv_q4_0/gpu/warp_per_row"}
+
+
+class Backend:
+    """Where arrays live and which kernel plays each role. ``profile`` collects seconds per role."""
+
+    def __init__(self, kind: str, table: dict | None = None):
+        self.kind = kind
+        self.gpu = kind == "gpu"
+        if table is None:
+            table = CPU if kind == "cpu" else (GPU_SIM if device.SIMULATED else GPU)
+        self.table = dict(table)
+        self._fns = {}
+        self.times: dict | None = None
+        self._ws: dict = {}
+
+    def variant(self, role):
+        return registry.get_variant(self.table[role])
+
+    def __call__(self, role, *args):
+        fn = self._fns.get(role)
+        if fn is None:
+            fn = self._fns[role] = self.variant(role).fn
+        if self.times is None:
+            fn(*args)
+            return
+        self.sync()
+        t0 = time.perf_counter()
+        fn(*args)
+        self.sync()
+        self.times[role] = self.times.get(role, 0.0) + time.perf_counter() - t0
+
+    @contextmanager
+    def profile(self):
+        """with backend.profile() as times: ... -> {role: seconds} (synchronising around every kernel)."""
+        self.times = {}
+        try:
+            yield self.times
+        finally:
+            self.times = None
+
+    def sync(self):
+        if self.gpu:
+            device.synchronize()
+
+    # arrays
+    def asarray(self, a, dtype=None):
+        a = np.ascontiguousarray(a, dtype=dtype)
+        return device.cuda.to_device(a) if self.gpu else a
+
+    def host(self, a):
+        return a.copy_to_host() if self.gpu else np.array(a)
+
+    def empty(self, shape, dtype=np.float32):
+        return device.cuda.device_array(shape, dtype=dtype) if self.gpu else np.empty(shape, dtype)
+
+    def ws(self, key, shape, dtype=np.float32):
+        """A buffer kept between calls (like a caching allocator), per key and shape."""
+        shape = tuple(int(s) for s in shape)
+        a = self._ws.get(key)
+        if a is None or a.shape != shape or a.dtype != np.dtype(dtype):
+            a = self._ws[key] = self.empty(shape, dtype)
+        return a
+
+
+def backend(kind="cpu", table=None) -> Backend:
+    return Backend(kind, table)
+
+
+class GPT:
+    """float32 GPT on a backend. Parameters, gradients and the AdamW moments are four flat buffers
+    (matrices first, then the norm gains), so one AdamW launch per group updates everything."""
+
+    def __init__(self, cfg: Config, params: dict, be: Backend | str = "cpu"):
+        self.cfg = cfg
+        self.be = be = backend(be) if isinstance(be, str) else be
+        shapes = param_shapes(cfg)
+        names = [n for n in shapes if len(shapes[n]) == 2] + [n for n in shapes if len(shapes[n]) == 1]
+        self.names, self.shapes, self.offsets = names, shapes, {}
+        o = 0
+        for n in names:
+            self.offsets[n] = (o, o + int(np.prod(shapes[n])))
+            o = self.offsets[n][1]
+        self.n_params = o
+        self.n_matrix = max(self.offsets[n][1] for n in names if len(shapes[n]) == 2)
+        flat = np.concatenate([np.asarray(params[n], np.float32).ravel() for n in names])
+        self.flat = be.asarray(flat)
+        self.gflat = be.empty(o)
+        self.m, self.v = be.asarray(np.zeros(o, np.float32)), be.asarray(np.zeros(o, np.float32))
+        self.p = self._views(self.flat)
+        self.g = self._views(self.gflat)
+        cos, sin = cos_sin_cache(cfg.ctx, cfg.head_dim)
+        self.cos, self.sin = be.asarray(cos), be.asarray(sin)
+        self.step = 0
+
+    def _views(self, flat):
+        return {n: flat[a:b].reshape(self.shapes[n]) for n, (a, b) in self.offsets.items()}
+
+    def params(self) -> dict:
+        """name -> float32 NumPy copy."""
+        host = self.be.host(self.flat)
+        return {n: host[a:b].reshape(self.shapes[n]) for n, (a, b) in self.offsets.items()}
+
+    def grads(self) -> dict:
+        host = self.be.host(self.gflat)
+        return {n: host[a:b].reshape(self.shapes[n]) for n, (a, b) in self.offsets.items()}
+
+    # --------------------------------------------------------------------------------- forward
+    def forward(self, ids, targets=None):
+        """ids, targets (B,T) int -> logits (B*T, V) on the backend, and the mean loss (a float) if
+        targets are given. Keeps the activations for backward()."""
+        cfg, be, p = self.cfg, self.be, self.p
+        B, T = ids.shape
+        N, C, H, D, F, V = B * T, cfg.width, cfg.heads, cfg.head_dim, cfg.mlp * cfg.width, cfg.vocab
+        ids_d = be.asarray(ids.reshape(-1), np.int32)
+        start = be.asarray(np.zeros(B, np.int32))
+        kv_len = be.asarray(np.full(B, T, np.int32))
+        self.act = act = {"B": B, "T": T, "ids": ids_d, "kv_len": kv_len}
+        x = be.ws("x0", (N, C))
+        be("embedding", x, ids_d, p["wte"])                              # x (N,C) = wte[ids]
+        for i in range(cfg.layers):
+            a = act[i] = {"x": x}
+            a["r1"], a["h1"] = be.ws(f"{i}.r1", (N,)), be.ws(f"{i}.h1", (N, C))
+            be("rmsnorm", a["h1"], a["r1"], x, p[f"h{i}.g1"])            # h1 (N,C), rstd (N,)
+            qkv = be.ws(f"{i}.qkv", (N, 3 * C))
+            be("gemm", qkv, a["h1"], p[f"h{i}.wqkv"])                    # (N,3C) = (B,T,3H,D)
+            q, k, v = (be.ws(f"{i}.{n}", (B, H, T, D)) for n in "qkv")
+            be("rope_qkv", q, k, v, qkv.reshape(B, T, 3 * H, D), start, self.cos, self.sin, H, T)
+            o, lse = be.ws(f"{i}.o", (B, H, T, D)), be.ws(f"{i}.lse", (B, H, T))
+            be("attention", o, lse, q, k, v, kv_len, 1)                  # causal, o (B,H,T,D)
+            om = be.ws(f"{i}.om", (B, T, C))
+            be("heads_merge", om, o)                                     # (B,T,C)
+            att = be.ws(f"{i}.att", (N, C))
+            be("gemm", att, om.reshape(N, C), p[f"h{i}.wo"])
+            xm = be.ws(f"{i}.xm", (N, C))
+            add(be, xm, att, x)                       # residual
+            a.update(q=q, k=k, v=v, o=o, lse=lse, om=om, xm=xm)
+            a["r2"], a["h2"] = be.ws(f"{i}.r2", (N,)), be.ws(f"{i}.h2", (N, C))
+            be("rmsnorm", a["h2"], a["r2"], xm, p[f"h{i}.g2"])
+            u, gl = be.ws(f"{i}.u", (N, F)), be.ws(f"{i}.gl", (N, F))
+            be("gemm", u, a["h2"], p[f"h{i}.wfc"])                       # (N,F)
+            be("gelu", gl.reshape(-1), u.reshape(-1))
+            mlp = be.ws(f"{i}.mlp", (N, C))
+            be("gemm", mlp, gl, p[f"h{i}.wproj"])                        # (N,C)
+            x = be.ws(f"{i}.xout", (N, C))
+            add(be, x, mlp, xm)                       # residual
+            a.update(u=u, gl=gl)
+        act["xL"] = x
+        act["rf"], act["xf"] = be.ws("rf", (N,)), be.ws("xf", (N, C))
+        be("rmsnorm", act["xf"], act["rf"], x, p["gf"])
+        logits = be.ws("logits", (N, V))
+        be("matmul_dx", logits, act["xf"], p["wte"])                     # tied head: xf wte^T (N,V)
+        act["logits"] = logits
+        if targets is None:
+            return logits, None
+        tg = be.asarray(targets.reshape(-1), np.int32)
+        losses, lse = be.ws("losses", (N,)), be.ws("lse_v", (N,))
+        be("cross_entropy", losses, lse, logits, tg)
+        total = be.ws("total", (1,))
+        be("sum", total, losses)
+        act.update(targets=tg, lse_v=lse)
+        return logits, float(be.host(total)[0]) / N
+
+    # --------------------------------------------------------------------------------- backward
+    def backward(self):
+        """Gradients of the mean loss of the last forward() into self.g (the flat self.gflat)."""
+        cfg, be, p, g, act = self.cfg, self.be, self.p, self.g, self.act
+        B, T = act["B"], act["T"]
+        N, C, H, D, F, V = B * T, cfg.width, cfg.heads, cfg.head_dim, cfg.mlp * cfg.width, cfg.vocab
+        dloss = self._dloss(N)
+        dlogits = be.ws("dlogits", (N, V))
+        be("cross_entropy_bwd", dlogits, act["logits"], act["targets"], act["lse_v"], dloss)
+        be("matmul_dw", g["wte"], dlogits, act["xf"])                    # head part of dwte (V,C)
+        dxf = be.ws("dxf", (N, C))
+        be("gemm", dxf, dlogits, p["wte"])                               # (N,C)
+        dx, dn = be.ws("dx", (N, C)), be.ws("dn", (N, C))
+        be("rmsnorm_bwd", dx, g["gf"], dxf, act["xL"], act["rf"], p["gf"])
+        for i in reversed(range(cfg.layers)):
+            a = act[i]
+            # MLP branch: x = xm + gelu(h2 Wfc) Wproj
+            be("matmul_dw", g[f"h{i}.wproj"], a["gl"], dx)
+            dgl, du = be.ws("dgl", (N, F)), be.ws("du", (N, F))
+            be("matmul_dx", dgl, dx, p[f"h{i}.wproj"])
+            be("gelu_bwd", du.reshape(-1), dgl.reshape(-1), a["u"].reshape(-1))
+            be("matmul_dw", g[f"h{i}.wfc"], a["h2"], du)
+            dh = be.ws("dh", (N, C))
+            be("matmul_dx", dh, du, p[f"h{i}.wfc"])
+            be("rmsnorm_bwd", dn, g[f"h{i}.g2"], dh, a["xm"], a["r2"], p[f"h{i}.g2"])
+            add(be, dx, dn, dx)
+            # attention branch: xm = x + merge(o) Wo
+            be("matmul_dw", g[f"h{i}.wo"], a["om"].reshape(N, C), dx)
+            dom, do = be.ws("dom", (N, C)), be.ws("do", (B, H, T, D))
+            be("matmul_dx", dom, dx, p[f"h{i}.wo"])
+            be("heads_split", do, dom.reshape(B, T, C), H)
+            dq, dk, dv = (be.ws(f"d{n}", (B, H, T, D)) for n in "qkv")
+            be("attention_bwd", dq, dk, dv, do, a["q"], a["k"], a["v"], a["o"], a["lse"], act["kv_len"], 1)
+            dqkv = be.ws("dqkv", (B, T, 3 * H, D))
+            be("rope_qkv_bwd", dqkv, dq, dk, dv, self.cos, self.sin)
+            be("matmul_dw", g[f"h{i}.wqkv"], a["h1"], dqkv.reshape(N, 3 * C))
+            be("matmul_dx", dh, dqkv.reshape(N, 3 * C), p[f"h{i}.wqkv"])
+            be("rmsnorm_bwd", dn, g[f"h{i}.g1"], dh, a["x"], a["r1"], p[f"h{i}.g1"])
+            add(be, dx, dn, dx)
+        demb = be.ws("demb", (V, C))
+        be("embedding_bwd", demb, act["ids"], dx, V)
+        add(be, g["wte"], demb, g["wte"])
+
+    def _dloss(self, N):
+        key = ("dloss", N)
+        if key not in self.be._ws:
+            self.be._ws[key] = self.be.asarray(np.full(N, 1.0 / N, np.float32))
+        return self.be._ws[key]
+
+    def adamw(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, wd=0.1):
+        """One AdamW step in place: decay on the matrices (the first n_matrix entries), none on gains."""
+        self.step += 1
+        k = self.n_matrix
+        for lo, hi, w in ((0, k, wd), (k, self.n_params, 0.0)):
+            p, g, m, v = (a[lo:hi] for a in (self.flat, self.gflat, self.m, self.v))
+            self.be("adamw", p, m, v, p, g, m, v, self.step, lr, beta1, beta2, eps, w)
+
+    def train_step(self, ids, targets, lr, **hyper):
+        _, loss = self.forward(ids, targets)
+        self.backward()
+        self.adamw(lr, **hyper)
+        return loss
+
+    # --------------------------------------------------------------------------------- decoding
+    def new_cache(self, batch=1):
+        cfg, be = self.cfg, self.be
+        shape = (batch, cfg.heads, cfg.ctx, cfg.head_dim)
+        return [(be.asarray(np.zeros(shape, np.float32)), be.asarray(np.zeros(shape, np.float32)))
+                for _ in range(cfg.layers)]
+
+    def decode_step(self, tok, pos, cache, qweights=None):
+        """One token per sequence: tok (B,) int at position pos (an int), KV cache from new_cache().
+        Returns logits (B,V) on the host. With qweights (from quantize()), every matrix-vector product
+        runs on packed Q8_0/Q4_0 weights (batch 1)."""
+        cfg, be, p = self.cfg, self.be, self.p
+        B = len(tok)
+        C, H, D, F, V = cfg.width, cfg.heads, cfg.head_dim, cfg.mlp * cfg.width, cfg.vocab
+        ids = be.asarray(np.asarray(tok, np.int32))
+        start = be.asarray(np.full(B, pos, np.int32))
+        lengths = be.asarray(np.full(B, pos + 1, np.int32))
+
+        def matmul(y, x, name):
+            if qweights is None:
+                be("gemm", y, x, p[name])
+            else:
+                fmt, packed = qweights
+                be(f"qgemv_{fmt}", y.reshape(-1), x.reshape(-1), packed[name])
+
+        x = be.ws("dec.x", (B, C))
+        be("embedding", x, ids, p["wte"])
+        h, r = be.ws("dec.h", (B, C)), be.ws("dec.r", (B,))
+        qkv, q, o = be.ws("dec.qkv", (B, 3 * C)), be.ws("dec.q", (B, H, 1, D)), be.ws("dec.o", (B, H, D))
+        att, xm = be.ws("dec.att", (B, C)), be.ws("dec.xm", (B, C))
+        u, gl, mlp = be.ws("dec.u", (B, F)), be.ws("dec.gl", (B, F)), be.ws("dec.mlp", (B, C))
+        for i in range(cfg.layers):
+            K, Vc = cache[i]
+            be("rmsnorm", h, r, x, p[f"h{i}.g1"])
+            matmul(qkv, h, f"h{i}.wqkv")
+            be("rope_qkv", q, K, Vc, qkv.reshape(B, 1, 3 * H, D), start, self.cos, self.sin, H, cfg.ctx)
+            be("decode_attention", o, q.reshape(B, H, D), K, Vc, lengths)
+            matmul(att, o.reshape(B, C), f"h{i}.wo")                     # (B,H,D) is already (B,C)
+            add(be, xm, att, x)
+            be("rmsnorm", h, r, xm, p[f"h{i}.g2"])
+            matmul(u, h, f"h{i}.wfc")
+            be("gelu", gl.reshape(-1), u.reshape(-1))
+            matmul(mlp, gl, f"h{i}.wproj")
+            add(be, x, mlp, xm)
+        be("rmsnorm", h, r, x, p["gf"])
+        logits = be.ws("dec.logits", (B, V))
+        if qweights is None:
+            be("matmul_dx", logits, h, p["wte"])
+        else:
+            be(f"qgemv_{qweights[0]}", logits.reshape(-1), h.reshape(-1), qweights[1]["wte"])
+        return be.host(logits)
+
+    def quantize(self, fmt):
+        """Pack every matrix for the dequantizing GEMV (chapter 11): W (K,N) is stored GGML's way, one
+        packed row per output column (W^T quantized along K). The tied head packs wte (V,C) as it is.
+        Returns (fmt, {name: packed}) for decode_step and the dequantized fp32 weights (a dict)."""
+        be = self.be
+        bb = {"q8_0": 34, "q4_0": 18}[fmt]
+        packed, deq = {}, {}
+        host = self.params()
+        for n in self.names:
+            if len(self.shapes[n]) != 2:
+                continue
+            w = host[n] if n == "wte" else np.ascontiguousarray(host[n].T)   # (N_out, K)
+            wd = be.asarray(w)
+            out = be.empty((w.shape[0], w.shape[1] // 32 * bb), np.uint8)
+            be(f"{fmt}_quantize", out, wd)
+            back = be.empty(w.shape)
+            be(f"{fmt}_dequantize", back, out)
+            packed[n] = out
+            b = be.host(back)
+            deq[n] = b if n == "wte" else np.ascontiguousarray(b.T)
+        return (fmt, packed), deq
+
+    def generate(self, prompt, n_new, temperature=0.0, seed=0, cache=True, qweights=None):
+        """Token ids continuing prompt (a list of ints). temperature 0: greedy (argmax; the first index
+        wins a tie). With cache=False every step re-runs the whole sequence through forward()."""
+        rng = np.random.default_rng(seed)
+        toks = list(prompt)
+        kv = self.new_cache() if cache else None
+        logits = None
+        if cache:
+            for pos, t in enumerate(toks):
+                logits = self.decode_step([t], pos, kv, qweights)[0]
+        for _ in range(n_new):
+            if not cache:
+                ctx = np.array([toks[-self.cfg.ctx:]], np.int32)
+                logits = self.be.host(self.forward(ctx)[0])[-1]
+            nxt = pick(logits, temperature, rng)
+            toks.append(nxt)
+            if cache:
+                if len(toks) > self.cfg.ctx:
+                    break  # the cache is full
+                logits = self.decode_step([nxt], len(toks) - 1, kv, qweights)[0]
+        return toks
+
+
+def add(be, out, a, b):
+    """out = a + b elementwise (a residual connection): chapter 1's axpy with a = 1, on flat views."""
+    be("add", out.reshape(-1), np.float32(1.0), a.reshape(-1), b.reshape(-1))
+
+
+def pick(logits, temperature, rng):
+    """Greedy (temperature 0) or a sample from softmax(logits / temperature), on the host (V floats)."""
+    logits = np.asarray(logits, np.float64)
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits / temperature
+    pr = np.exp(z - z.max())
+    return int(rng.choice(len(pr), p=pr / pr.sum()))
