@@ -23,9 +23,8 @@ from .reference import Config, param_shapes
 # role -> "op/backend/variant"; the chapter of each op is in the registry (registry.get_op(op).chapter)
 CPU = {
     "gemm": "gemm/cpu/regblock_par",                 # Y = X W            (ch 5)
-    "matmul_dx": "linear_bwd_dx/cpu/prange",         # dX = G W^T         (ch 3)
-    "matmul_dw": "linear_bwd_dw/cpu/prange",         # dW = X^T G         (ch 3)
-    "rmsnorm": "rmsnorm/cpu/prange",                 # (ch 7)
+    "transpose": "transpose/cpu/prange",             # so that dX = G W^T and dW = X^T G are GEMMs too (ch 13)
+    "rmsnorm": "rmsnorm/cpu/loop",                   # (ch 7)
     "rmsnorm_bwd": "rmsnorm_bwd/cpu/loop",
     "rope_qkv": "rope_kv_write/cpu/loop",            # RoPE + head split (+ cache write)  (ch 10)
     "rope_qkv_bwd": "qkv_rope_bwd/cpu/prange",       # (ch 13)
@@ -35,7 +34,7 @@ CPU = {
     "heads_split": "heads_split/cpu/prange",
     "gelu": "gelu/cpu/loop",                         # (ch 6)
     "gelu_bwd": "gelu_bwd/cpu/loop",
-    "add": "axpy/cpu/prange",                        # residual add = axpy with a = 1 (ch 1)
+    "add": "axpy/cpu/loop",                          # residual add = axpy with a = 1 (ch 1)
     "embedding": "embedding/cpu/prange",             # (ch 13)
     "embedding_bwd": "embedding_bwd/cpu/prange",
     "cross_entropy": "cross_entropy/cpu/online_prange",  # (ch 13)
@@ -51,7 +50,7 @@ CPU = {
     "q4_0_dequantize": "q4_0_dequantize/cpu/njit",
 }
 GPU = {**{k: v.replace("/cpu/", "/gpu/") for k, v in CPU.items()}, **{
-    "gemm": "gemm/gpu/tuned", "matmul_dx": "linear_bwd_dx/gpu/naive", "matmul_dw": "linear_bwd_dw/gpu/naive",
+    "gemm": "gemm/gpu/tuned", "transpose": "transpose/gpu/smem",
     "rmsnorm": "rmsnorm/gpu/regs_shfl", "rmsnorm_bwd": "rmsnorm_bwd/gpu/regs_shfl",
     "rope_qkv": "rope_kv_write/gpu/token", "rope_qkv_bwd": "qkv_rope_bwd/gpu/thread",
     "attention": "attention/gpu/flash_causal", "attention_bwd": "attention_bwd/gpu/flash2",
@@ -220,7 +219,7 @@ class GPT:
         act["rf"], act["xf"] = be.ws("rf", (N,)), be.ws("xf", (N, C))
         be("rmsnorm", act["xf"], act["rf"], x, p["gf"])
         logits = be.ws("logits", (N, V))
-        be("matmul_dx", logits, act["xf"], p["wte"])                     # tied head: xf wte^T (N,V)
+        mm_dx(be, logits, act["xf"], p["wte"])                     # tied head: xf wte^T (N,V)
         act["logits"] = logits
         if targets is None:
             return logits, None
@@ -241,7 +240,7 @@ class GPT:
         dloss = self._dloss(N)
         dlogits = be.ws("dlogits", (N, V))
         be("cross_entropy_bwd", dlogits, act["logits"], act["targets"], act["lse_v"], dloss)
-        be("matmul_dw", g["wte"], dlogits, act["xf"])                    # head part of dwte (V,C)
+        mm_dw(be, g["wte"], dlogits, act["xf"])                    # head part of dwte (V,C)
         dxf = be.ws("dxf", (N, C))
         be("gemm", dxf, dlogits, p["wte"])                               # (N,C)
         dx, dn = be.ws("dx", (N, C)), be.ws("dn", (N, C))
@@ -249,26 +248,26 @@ class GPT:
         for i in reversed(range(cfg.layers)):
             a = act[i]
             # MLP branch: x = xm + gelu(h2 Wfc) Wproj
-            be("matmul_dw", g[f"h{i}.wproj"], a["gl"], dx)
+            mm_dw(be, g[f"h{i}.wproj"], a["gl"], dx)
             dgl, du = be.ws("dgl", (N, F)), be.ws("du", (N, F))
-            be("matmul_dx", dgl, dx, p[f"h{i}.wproj"])
+            mm_dx(be, dgl, dx, p[f"h{i}.wproj"])
             be("gelu_bwd", du.reshape(-1), dgl.reshape(-1), a["u"].reshape(-1))
-            be("matmul_dw", g[f"h{i}.wfc"], a["h2"], du)
+            mm_dw(be, g[f"h{i}.wfc"], a["h2"], du)
             dh = be.ws("dh", (N, C))
-            be("matmul_dx", dh, du, p[f"h{i}.wfc"])
+            mm_dx(be, dh, du, p[f"h{i}.wfc"])
             be("rmsnorm_bwd", dn, g[f"h{i}.g2"], dh, a["xm"], a["r2"], p[f"h{i}.g2"])
             add(be, dx, dn, dx)
             # attention branch: xm = x + merge(o) Wo
-            be("matmul_dw", g[f"h{i}.wo"], a["om"].reshape(N, C), dx)
+            mm_dw(be, g[f"h{i}.wo"], a["om"].reshape(N, C), dx)
             dom, do = be.ws("dom", (N, C)), be.ws("do", (B, H, T, D))
-            be("matmul_dx", dom, dx, p[f"h{i}.wo"])
+            mm_dx(be, dom, dx, p[f"h{i}.wo"])
             be("heads_split", do, dom.reshape(B, T, C), H)
             dq, dk, dv = (be.ws(f"d{n}", (B, H, T, D)) for n in "qkv")
             be("attention_bwd", dq, dk, dv, do, a["q"], a["k"], a["v"], a["o"], a["lse"], act["kv_len"], 1)
             dqkv = be.ws("dqkv", (B, T, 3 * H, D))
             be("rope_qkv_bwd", dqkv, dq, dk, dv, self.cos, self.sin)
-            be("matmul_dw", g[f"h{i}.wqkv"], a["h1"], dqkv.reshape(N, 3 * C))
-            be("matmul_dx", dh, dqkv.reshape(N, 3 * C), p[f"h{i}.wqkv"])
+            mm_dw(be, g[f"h{i}.wqkv"], a["h1"], dqkv.reshape(N, 3 * C))
+            mm_dx(be, dh, dqkv.reshape(N, 3 * C), p[f"h{i}.wqkv"])
             be("rmsnorm_bwd", dn, g[f"h{i}.g1"], dh, a["x"], a["r1"], p[f"h{i}.g1"])
             add(be, dx, dn, dx)
         demb = be.ws("demb", (V, C))
@@ -342,7 +341,7 @@ class GPT:
         be("rmsnorm", h, r, x, p["gf"])
         logits = be.ws("dec.logits", (B, V))
         if qweights is None:
-            be("matmul_dx", logits, h, p["wte"])
+            mm_dx(be, logits, h, p["wte"])
         else:
             be(f"qgemv_{qweights[0]}", logits.reshape(-1), h.reshape(-1), qweights[1]["wte"])
         return be.host(logits)
@@ -390,6 +389,20 @@ class GPT:
                     break  # the cache is full
                 logits = self.decode_step([nxt], len(toks) - 1, kv, qweights)[0]
         return toks
+
+
+def mm_dx(be, out, G, W):
+    """out (M,K) = G (M,N) W^T, W (K,N): chapter 5's GEMM on a transposed copy of W."""
+    Wt = be.ws(("T", W.shape), (W.shape[1], W.shape[0]))
+    be("transpose", Wt, W)
+    be("gemm", out, G, Wt)
+
+
+def mm_dw(be, out, X, G):
+    """out (K,N) = X^T G, X (M,K), G (M,N): chapter 5's GEMM on a transposed copy of X."""
+    Xt = be.ws(("T", X.shape), (X.shape[1], X.shape[0]))
+    be("transpose", Xt, X)
+    be("gemm", out, Xt, G)
 
 
 def add(be, out, a, b):

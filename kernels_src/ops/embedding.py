@@ -7,6 +7,8 @@ worth the name, but each is a pass over an activation and each has a backward.
   embedding_bwd   ids (M,) int32, dx (M,C), V      -> dtable (V,C)    dtable[v] = sum_{m: ids[m]=v} dx[m]
   heads_merge     o (B,H,T,D)                      -> y (B,T,H*D)     attention output back to token rows
   heads_split     dy (B,T,H*D)                     -> do (B,H,T,D)    its backward (and the inverse permute)
+  transpose       X (M,K)                          -> Y (K,M)         so every product can be chapter 5's
+                  GEMM: dW = X^T G = gemm(transpose(X), G) and dX = G W^T = gemm(G, transpose(W))
   qkv_rope_bwd    dq, dk, dv (B,H,T,D), cos, sin   -> dqkv (B,T,3H,D) the backward of chapter 10's fused
                   rope_kv_write at start 0: dq and dk rotated by -theta (the transpose of a rotation), dv
                   copied, all three put back into the projection's token-major layout
@@ -16,6 +18,8 @@ Ladder (every op)
   cpu/prange  rung 1  rows (tokens, or table columns for the scatter-add) over the cores
   gpu/thread  rung 1  one thread per output element (consecutive threads -> consecutive elements of
                       the output, so writes coalesce; the permutes' reads are strided by D)
+  transpose: gpu/smem rung 2  32x32 tiles through shared memory (padded to 33 columns: no bank
+                      conflicts), so both the reads and the writes coalesce
 The scatter-add is deterministic on both backends: a thread (or core) owns a column of the table and
 walks the tokens in order, so no two writers meet and there are no atomics.
 """
@@ -49,6 +53,15 @@ def ref_heads_merge(o):
 def ref_heads_split(dy, n_heads):
     B, T, C = dy.shape
     return np.asarray(dy, np.float64).reshape(B, T, n_heads, C // n_heads).transpose(0, 2, 1, 3)
+
+
+def ref_transpose(X):
+    return np.asarray(X, np.float64).T.copy()
+
+
+def in_transpose(size, dtype, rng):
+    M, K = size
+    return (rng.standard_normal((M, K)).astype(dtype),)
 
 
 def rotate_back(x, cos, sin):
@@ -137,6 +150,11 @@ define_op("heads_merge", reference=ref_heads_merge, make_inputs=in_heads_merge, 
 define_op("heads_split", reference=ref_heads_split, make_inputs=in_heads_split, title="(B,T,H*D) -> (B,H,T,D)",
           size_names=("B", "H", "T", "D"), output_names=("do",), sizes=SZ_HEADS, flops=lambda s: 0,
           bytes=lambda s, b: 2 * _el(s) * b, edge_inputs=edge_values(in_heads_split), **_common)
+define_op("transpose", reference=ref_transpose, make_inputs=in_transpose, title="Y = X^T",
+          size_names=("M", "K"), output_names=("Y",), flops=lambda s: 0, bytes=lambda s, b: 2 * s[0] * s[1] * b,
+          sizes={"check": [(1, 1), (3, 7), (33, 65), (130, 67)], "check_sim": [(1, 1), (3, 7), (33, 40)],
+                 "bench": [(4096, 4096)], "bench_sim": [(33, 40)]},
+          edge_inputs=edge_values(in_transpose), **_common)
 define_op("qkv_rope_bwd", reference=ref_qkv_rope_bwd, make_inputs=in_qkv_rope_bwd,
           title="backward of the fused RoPE + head split", size_names=("B", "H", "T", "D"), output_names=("dqkv",),
           sizes=SZ_HEADS, flops=lambda s: 3 * _el(s), bytes=lambda s, b: 6 * _el(s) * b,
@@ -198,6 +216,22 @@ def _qkv_bwd(dqkv, dq, dk, dv, cos, sin):
                 a, bb = dk[b, h, t, i], dk[b, h, t, i + r2]
                 dqkv[b, t, H + h, i] = a * c + bb * s
                 dqkv[b, t, H + h, i + r2] = bb * c - a * s
+
+
+@njit(cache=True, parallel=True)
+def _transpose(Y, X):
+    M, K = X.shape
+    for kb in prange((K + 31) // 32):  # 32-column strips of X: 32 rows of Y written per strip
+        for i in range(M):
+            for k in range(kb * 32, min(K, kb * 32 + 32)):
+                Y[k, i] = X[i, k]
+
+
+@register("transpose", "cpu", "prange", rung=1)
+def transpose_cpu(Y, X):
+    """Strips of 32 columns of X over the cores: each strip's 32 output rows stay in cache while the
+    strip is read row by row. Predict a fraction of copy speed (one side is always strided)."""
+    _transpose(Y, X)
 
 
 @register("embedding", "cpu", "prange", rung=1)
@@ -304,6 +338,27 @@ def qkv_rope_bwd_kernel(dqkv, dq, dk, dv, cos, sin):
             dqkv[b, t, j, d] = g[b, h, t, d]
 
 
+@cuda.jit
+def transpose_kernel(Y, X):
+    j, i = cuda.grid(2)  # x -> column of X (coalesced reads), strided writes
+    if i < X.shape[0] and j < X.shape[1]:
+        Y[j, i] = X[i, j]
+
+
+@cuda.jit
+def transpose_smem_kernel(Y, X):
+    tile = cuda.shared.array((32, 33), np.float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y  # 32 x 8 threads, 4 rows each
+    i0, j0 = cuda.blockIdx.y * 32, cuda.blockIdx.x * 32
+    for r in range(ty, 32, 8):
+        if i0 + r < X.shape[0] and j0 + tx < X.shape[1]:
+            tile[r, tx] = X[i0 + r, j0 + tx]
+    cuda.syncthreads()
+    for r in range(ty, 32, 8):
+        if j0 + r < X.shape[1] and i0 + tx < X.shape[0]:
+            Y[j0 + r, i0 + tx] = tile[tx, r]
+
+
 def _grid(n):
     return max(1, ceil_div(n, THREADS)), THREADS
 
@@ -345,3 +400,19 @@ def qkv_rope_bwd_gpu(dqkv, dq, dk, dv, cos, sin):
     """One thread per element of dqkv (coalesced writes); each rotated element reads itself, its pair
     partner and (c, s). Predict ~copy speed: 6 elements moved per 3 output elements' worth of inputs."""
     qkv_rope_bwd_kernel[_grid(dqkv.size)](dqkv, dq, dk, dv, cos, sin)
+
+
+@register("transpose", "gpu", "thread", rung=1, ptx=[(transpose_kernel, f"void({_F2}, {_F2})")])
+def transpose_gpu(Y, X):
+    """One thread per element, threadIdx.x along the rows of X: reads coalesce, writes are 4*M bytes
+    apart (one sector per float). Predict ~1/8 of copy bandwidth for large M."""
+    M, K = X.shape
+    transpose_kernel[(ceil_div(K, 32), ceil_div(M, 8)), (32, 8)](Y, X)
+
+
+@register("transpose", "gpu", "smem", rung=2, ptx=[(transpose_smem_kernel, f"void({_F2}, {_F2})")])
+def transpose_smem_gpu(Y, X):
+    """32x32 tiles staged in shared memory (33 columns: the column reads hit 32 different banks):
+    reads and writes both coalesce. Predict close to copy bandwidth."""
+    M, K = X.shape
+    transpose_smem_kernel[(ceil_div(K, 32), ceil_div(M, 32)), (32, 8)](Y, X)
