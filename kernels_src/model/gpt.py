@@ -320,7 +320,11 @@ class GPT:
                 be(f"qgemv_{fmt}", y.reshape(-1), x.reshape(-1), packed[name])
 
         x = be.ws("dec.x", (B, C))
-        be("embedding", x, ids, p["wte"])
+        if qweights is None:
+            be("embedding", x, ids, p["wte"])
+        else:  # llama.cpp's get_rows: dequantize the token's packed row of the table
+            for b, t in enumerate(tok):
+                be(f"{qweights[0]}_dequantize", x[b:b + 1], qweights[1]["wte"][int(t):int(t) + 1])
         h, r = be.ws("dec.h", (B, C)), be.ws("dec.r", (B,))
         qkv, q, o = be.ws("dec.qkv", (B, 3 * C)), be.ws("dec.q", (B, H, 1, D)), be.ws("dec.o", (B, H, D))
         att, xm = be.ws("dec.att", (B, C)), be.ws("dec.xm", (B, C))
