@@ -332,31 +332,34 @@ def suspicious_flags(bundle: Bundle) -> list[str]:
     return sorted(set(flags))
 
 
-def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdict:
-    """Grade one check. Never raises for anything the student did; GraderError for an author's mistake."""
-    t0 = time.perf_counter()
-    if seed is None:
-        env_seed = os.environ.get("KERNELS_GRADING_SEED")
-        seed = int(env_seed) if env_seed else secrets.randbits(31)
-    op = exercise_ops.find_op(spec.op)
-    cases = build_cases(spec, op, seed)
-    flags = suspicious_flags(bundle)
-    title = spec.title
+def _draw_seed(seed: int | None) -> int:
+    if seed is not None:
+        return seed
+    env_seed = os.environ.get("KERNELS_GRADING_SEED")
+    return int(env_seed) if env_seed else secrets.randbits(31)
 
-    def verdict(passed, lines, status="fail"):
-        head = (f"{title}: {'ok' if passed else 'FAILED'} "
-                f"({len(cases)} case{'s' if len(cases) != 1 else ''}, seed {seed})")
+
+class _Reporter:
+    """Builds the one Verdict of a check: the head line, the body, and the notes a failure carries."""
+
+    def __init__(self, spec: CheckSpec, bundle: Bundle, n_cases: int, seed: int, flags: list, t0: float):
+        self.spec, self.bundle, self.n_cases, self.seed, self.flags, self.t0 = spec, bundle, n_cases, seed, flags, t0
+        self.load_notes: list = []  # cells that stopped with an error while the worker loaded the code
+
+    def __call__(self, passed: bool, lines: list, status: str = "fail") -> Verdict:
+        n = self.n_cases
+        head = f"{self.spec.title}: {'ok' if passed else 'FAILED'} ({n} case{'s' if n != 1 else ''}, seed {self.seed})"
         body = [head] + ["  " + ln for ln in lines]
-        if not passed and bundle.notes:
-            body += ["  note: " + n for n in bundle.notes]
-        if not passed and load_notes:
-            body += ["  note: " + n for n in load_notes]
-        if flags and not passed:
-            body += ["  note: your code " + f for f in flags]
-        return Verdict(spec.key, title, passed, "\n".join(body), seed, time.perf_counter() - t0,
-                       "ok" if passed else status, flags)
+        if not passed:
+            body += ["  note: " + n for n in self.bundle.notes]
+            body += ["  note: " + n for n in self.load_notes]
+            body += ["  note: your code " + f for f in self.flags]
+        return Verdict(self.spec.key, self.spec.title, passed, "\n".join(body), self.seed,
+                       time.perf_counter() - self.t0, "ok" if passed else status, self.flags)
 
-    load_notes: list = []  # cells that stopped with an error while the worker loaded the code
+
+def _make_job(spec: CheckSpec, bundle: Bundle, cases) -> tuple[dict, dict]:
+    """The worker's job description and the arrays it reads (inputs, and poisoned outputs to write)."""
     arrays, job_cases = {}, []
     for ci, (label, size, inputs, refs) in enumerate(cases):
         in_keys, scalar, out_keys = [], [], []
@@ -370,18 +373,183 @@ def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdi
             arrays[key] = o
             out_keys.append(key)
         job_cases.append({"label": label, "inputs": in_keys, "scalar": scalar, "outputs": out_keys})
-    n_inputs = len(cases[0][2])
-    n_outputs = len(cases[0][3])
     job = {"mode": "run", "backend": spec.kind, "function": spec.function, "kernels": list(spec.kernels),
-           "n_outputs": n_outputs, "n_inputs": n_inputs, "args": list(spec.args), "cases": job_cases,
-           "racecheck": spec.racecheck, "forbid": list(spec.forbid), "allow": list(spec.allow),
+           "n_outputs": len(cases[0][3]), "n_inputs": len(cases[0][2]), "args": list(spec.args),
+           "cases": job_cases, "racecheck": spec.racecheck, "forbid": list(spec.forbid), "allow": list(spec.allow),
            "line_map": bundle.line_map}
+    return job, arrays
+
+
+def _sandbox_failure(res) -> list | None:
+    """Lines for a run that ended without a result (time or memory limit, a crash), else None."""
+    if res.status not in ("timeout", "signal", "exited", "memory", "output_limit", "no_result"):
+        return None
+    lines = [res.message]
+    if res.output_tail.strip() and res.status != "output_limit":
+        tail = res.output_tail.strip().splitlines()[-6:]
+        lines += ["the last lines your code printed:"] + ["  " + t[:200] for t in tail]
+    return lines
+
+
+def _error_problems(err: dict, spec: CheckSpec) -> list:
+    where = f" at {err['where']}" if err.get("where") else ""
+    first = f"{err['message']}{where}" if err["type"] == "OutputLimit" else f"raised {err['type']}: {err['message']}{where}"
+    return [first] + ["hint: " + h for h in hints_for_error(err, spec)]
+
+
+def _launch_problems(spec: CheckSpec, launches: list, ptx_items: dict) -> list:
+    """The student's own kernels were launched, sensibly; records each launch's signature for PTX."""
+    problems = []
+    mine = [la for la in launches if la["module"] == "submission"]
+    foreign = sorted({f"{la['module']}.{la['kernel']}" for la in launches if la["module"] != "submission"})
+    if foreign:
+        problems.append("launches the course's own kernel(s) " + ", ".join(foreign) + ": this scores 0; "
+                        "launch the kernel you wrote")
+    for k in spec.kernels:
+        if not any(la["kernel"].split(".")[-1] == k for la in mine):
+            problems.append(f"`{spec.function}` never launched `{k}`: the launcher must launch your kernel "
+                            f"(`{k}[blocks, threads](...)`)")
+    for la in mine:
+        if int(np.prod(la["block"])) > 1024:
+            problems.append(f"`{la['kernel']}` was launched with {int(np.prod(la['block']))} threads per block; "
+                            "a GPU allows at most 1024")
+        for k in spec.kernels:
+            if la["kernel"].split(".")[-1] == k and "?" not in la["argtypes"]:
+                sig = "void(" + ", ".join(la["argtypes"]) + ")"
+                ptx_items[(k, sig)] = {"kernel": k, "signature": sig}
+    return problems
+
+
+def _race_problems(rec: dict) -> list:
+    problems = []
+    if rec.get("races"):
+        n = rec.get("n_races", len(rec["races"]))
+        problems.append(f"shared-memory race ({n} conflicting access(es)) found by the race detector:")
+        problems += ["  " + line for r in rec["races"][:3] for line in r.splitlines()]
+    if rec.get("barriers"):
+        problems += ["barrier problem: " + b for b in rec["barriers"][:2]]
+    return problems
+
+
+def _output_problems(spec, name, k, got, ref, rec, rtol, atol, launches, inputs) -> list:
+    """One output against its reference: written by the kernel, every element written, within tolerance."""
+    if got is None:
+        return [f"{name}: the grader received no output"]
+    writes = rec.get("writes") or []
+    if spec.kind == "gpu" and k < len(writes) and writes[k]["host"]:
+        return [host_write_message(name, writes[k], spec)]
+    rep = parity.compare(name, got, ref, rtol, atol)
+    if rep.problem:
+        return [rep.problem]
+    unwritten = parity.is_poison(got) if got.shape == ref.shape else np.zeros(ref.shape, bool)
+    extra = unwritten & ~(rep.bad_mask if rep.bad_mask is not None else np.zeros(ref.shape, bool))
+    if rep.ok and not extra.any():
+        return []
+    bad = (rep.bad_mask if rep.bad_mask is not None else np.zeros(ref.shape, bool)) | unwritten
+    n_unw = int(unwritten.sum())
+    n_nan = int((~unwritten & ~np.isfinite(np.asarray(got, dtype=np.float64)) & np.isfinite(ref)).sum())
+    what = [f"{n_unw} never written"] if n_unw else []
+    what += [f"{n_nan} NaN/Inf where the result is finite"] if n_nan else []
+    lines = [f"{name} shape {tuple(ref.shape)}: {int(bad.sum())} of {ref.size} elements wrong"
+             + (f" ({', '.join(what)})" if what else "")]
+    if not rep.ok:
+        lines += rep.lines()[1:]
+    else:
+        lines.append("  (they were never written, and matched only because the result there is NaN)")
+    return lines + ["hint: " + h for h in hints_for_mismatch(spec, np.asarray(got), np.asarray(ref), bad,
+                                                              unwritten, launches, inputs)]
+
+
+def _input_problems(spec, inputs, job_case, outputs, n_outputs) -> list:
+    """Inputs are read-only: any element the answer changed is reported."""
+    problems = []
+    for k, a in enumerate(inputs):
+        if not isinstance(a, np.ndarray):
+            continue
+        after = outputs.get("after_" + job_case["inputs"][k])
+        if after is None or np.array_equal(after, a, equal_nan=True):
+            continue
+        nchg = int(np.sum(~((after == a) | (np.isnan(after) & np.isnan(a))))) if after.shape == a.shape else a.size
+        arg = spec.args[n_outputs + k] if len(spec.args) > n_outputs + k else "an input array"
+        problems.append(f"input #{k + 1} ({arg}) was modified ({nchg} element(s) changed): inputs must be "
+                        "read-only; write only into the output")
+    return problems
+
+
+def _case_problems(spec, op, case, rec, job_case, outputs, names, ptx_items) -> list:
+    """Everything wrong with one case of the run (an empty list: the case passed)."""
+    label, size, inputs, refs = case
+    rtol, atol = parity.resolve_tol(op.tol, spec.dtype, size)
+    err = rec.get("error")
+    launches = rec.get("launches", [])
+    problems = _error_problems(err, spec) if err else []
+    if rec.get("shortcut_calls"):
+        problems.append("calls " + ", ".join(rec["shortcut_calls"]) + " instead of computing the answer: "
+                        "this scores 0. Write the computation yourself.")
+    if spec.kind == "gpu" and not err:
+        problems += _launch_problems(spec, launches, ptx_items)
+    problems += _race_problems(rec)
+    if not err:
+        for k, (name, ref) in enumerate(zip(names, refs)):
+            got = outputs.get(job_case["outputs"][k])
+            problems += _output_problems(spec, name, k, got, ref, rec, rtol, atol, launches, inputs)
+        problems += _input_problems(spec, inputs, job_case, outputs, len(refs))
+    return problems
+
+
+def _failure_lines(failures: list, passed_labels: list) -> list:
+    """The first and last failing cases in full, the others by name, then what passed."""
+    lines = []
+    shown = failures if len(failures) <= 2 else [failures[0], failures[-1]]
+    for label, problems in shown:
+        lines.append(f"{label}: FAILED")
+        lines += ["  " + p for p in problems]
+    if len(failures) > 2:
+        lines.append("also failed: " + "; ".join(f[0] for f in failures[1:-1]))
+    if passed_labels:
+        lines.append("passed: " + "; ".join(passed_labels))
+    return lines
+
+
+PTX_HINT = ("  hint: the simulator runs kernels as Python, so it accepts code a GPU cannot: a float used as an "
+            "index (use // for integer division), a list or a Python object in the kernel, a string, a NumPy call "
+            "that allocates, or returning a value from a kernel.")
+
+
+def _ptx_step(spec, bundle, ptx_items, t0) -> tuple[str, list]:
+    """Compile the launched kernels to sm_90 PTX: ("ok" | "fail" | "error", lines)."""
+    remaining = max(10.0, (spec.timeout or sandbox.DEFAULT_TIMEOUT) - (time.perf_counter() - t0))
+    results = _ptx_results(bundle, list(ptx_items.values()), remaining)
+    bad = [r for r in results if not r.get("ok")]
+    for r in bad:
+        if r.get("grader"):
+            return "error", ["the PTX compiler could not be run (not your fault; tell your instructor): "
+                             f"{r.get('message', '')}"]
+    if bad:
+        msg = []
+        for r in bad:
+            where = f" (at {r['where']})" if r.get("where") else ""
+            msg += [f"`{r['kernel']}` runs in the simulator but does not compile for a real GPU "
+                    f"(sm_90) with signature {r['signature']}{where}:", "  " + r.get("message", "")[:700], PTX_HINT]
+        return "fail", msg
+    return "ok", ["compiles to PTX for sm_90 (" + ", ".join(f"{r['kernel']}{r['signature'][4:]}" for r in results) + ")"]
+
+
+def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdict:
+    """Grade one check. Never raises for anything the student did; GraderError for an author's mistake.
+
+    The steps: draw the cases from the seed; run the answer on them in the sandbox; judge each case
+    (errors, shortcuts, launches, races, outputs, inputs); for GPU answers, compile the kernels to PTX."""
+    t0 = time.perf_counter()
+    seed = _draw_seed(seed)
+    op = exercise_ops.find_op(spec.op)
+    cases = build_cases(spec, op, seed)
+    verdict = _Reporter(spec, bundle, len(cases), seed, suspicious_flags(bundle), t0)
+
+    job, arrays = _make_job(spec, bundle, cases)
     res = sandbox.run(job, bundle.source, inputs=arrays, device_mode="sim", timeout=spec.timeout)
-    if res.status in ("timeout", "signal", "exited", "memory", "output_limit", "no_result"):
-        lines = [res.message]
-        if res.output_tail.strip() and res.status != "output_limit":
-            tail = res.output_tail.strip().splitlines()[-6:]
-            lines += ["the last lines your code printed:"] + ["  " + t[:200] for t in tail]
+    lines = _sandbox_failure(res)
+    if lines is not None:
         v = verdict(False, lines)
         v.timed_out = res.status == "timeout"
         return v
@@ -389,7 +557,7 @@ def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdi
     if payload.get("load_errors") and payload.get("status") != "missing":
         from .worker import load_error_lines
 
-        load_notes += load_error_lines(payload["load_errors"])
+        verdict.load_notes += load_error_lines(payload["load_errors"])
     if res.status == "error" and payload.get("traceback"):
         return verdict(False, ["the grader failed while running your code (not your fault; tell your instructor):",
                                payload.get("message", "")], status="error")
@@ -400,130 +568,27 @@ def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdi
             lines += ["  hint: " + h for h in hints_for_error(err, spec)]
         return verdict(False, lines)
 
-    rtol, atol = parity.resolve_tol(op.tol, spec.dtype, cases[0][1])
-    passed_labels, failures = [], []
-    ptx_items: dict = {}
+    n_outputs = job["n_outputs"]
     names = op.output_names if len(op.output_names) == n_outputs else [f"out{i}" for i in range(n_outputs)]
-    for ci, ((label, size, inputs, refs), rec) in enumerate(zip(cases, payload.get("cases", []))):
-        rtol, atol = parity.resolve_tol(op.tol, spec.dtype, size)
-        problems = []
-        err = rec.get("error")
-        launches = rec.get("launches", [])
-        if err:
-            where = f" at {err['where']}" if err.get("where") else ""
-            if err["type"] == "OutputLimit":
-                problems.append(f"{err['message']}{where}")
-            else:
-                problems.append(f"raised {err['type']}: {err['message']}{where}")
-            problems += ["hint: " + h for h in hints_for_error(err, spec)]
-        if rec.get("shortcut_calls"):
-            problems.append("calls " + ", ".join(rec["shortcut_calls"]) + " instead of computing the answer: "
-                            "this scores 0. Write the computation yourself.")
-        if spec.kind == "gpu" and not err:
-            mine = [la for la in launches if la["module"] == "submission"]
-            foreign = sorted({f"{la['module']}.{la['kernel']}" for la in launches if la["module"] != "submission"})
-            if foreign:
-                problems.append("launches the course's own kernel(s) " + ", ".join(foreign) + ": this scores 0; "
-                                "launch the kernel you wrote")
-            for k in spec.kernels:
-                if not any(la["kernel"].split(".")[-1] == k for la in mine):
-                    problems.append(f"`{spec.function}` never launched `{k}`: the launcher must launch your kernel "
-                                    f"(`{k}[blocks, threads](...)`)")
-            for la in mine:
-                if int(np.prod(la["block"])) > 1024:
-                    problems.append(f"`{la['kernel']}` was launched with {int(np.prod(la['block']))} threads per block; "
-                                    "a GPU allows at most 1024")
-                for k in spec.kernels:
-                    if la["kernel"].split(".")[-1] == k and "?" not in la["argtypes"]:
-                        sig = "void(" + ", ".join(la["argtypes"]) + ")"
-                        ptx_items[(k, sig)] = {"kernel": k, "signature": sig}
-        if rec.get("races"):
-            n = rec.get("n_races", len(rec["races"]))
-            problems.append(f"shared-memory race ({n} conflicting access(es)) found by the race detector:")
-            problems += ["  " + line for r in rec["races"][:3] for line in r.splitlines()]
-        if rec.get("barriers"):
-            problems += ["barrier problem: " + b for b in rec["barriers"][:2]]
-        if not err:
-            for k, (name, ref) in enumerate(zip(names, refs)):
-                key = job_cases[ci]["outputs"][k]
-                got = res.outputs.get(key)
-                if got is None:
-                    problems.append(f"{name}: the grader received no output")
-                    continue
-                writes = rec.get("writes") or []
-                if spec.kind == "gpu" and k < len(writes) and writes[k]["host"]:
-                    w = writes[k]
-                    problems.append(host_write_message(name, w, spec))
-                    continue
-                rep = parity.compare(name, got, ref, rtol, atol)
-                if rep.problem:
-                    problems.append(rep.problem)
-                    continue
-                unwritten = parity.is_poison(got) if got.shape == ref.shape else np.zeros(ref.shape, bool)
-                extra = unwritten & ~(rep.bad_mask if rep.bad_mask is not None else np.zeros(ref.shape, bool))
-                if rep.ok and not extra.any():
-                    continue
-                bad = (rep.bad_mask if rep.bad_mask is not None else np.zeros(ref.shape, bool)) | unwritten
-                n_unw = int(unwritten.sum())
-                n_nan = int((~unwritten & ~np.isfinite(np.asarray(got, dtype=np.float64)) & np.isfinite(ref)).sum())
-                what = [f"{n_unw} never written"] if n_unw else []
-                what += [f"{n_nan} NaN/Inf where the result is finite"] if n_nan else []
-                lines = [f"{name} shape {tuple(ref.shape)}: {int(bad.sum())} of {ref.size} elements wrong"
-                         + (f" ({', '.join(what)})" if what else "")]
-                if not rep.ok:
-                    lines += rep.lines()[1:]
-                else:
-                    lines.append("  (they were never written, and matched only because the result there is NaN)")
-                problems += lines
-                problems += ["hint: " + h for h in hints_for_mismatch(spec, np.asarray(got), np.asarray(ref), bad,
-                                                                       unwritten, launches, inputs)]
-            for k, a in enumerate(inputs):
-                if isinstance(a, np.ndarray):
-                    after = res.outputs.get("after_" + job_cases[ci]["inputs"][k])
-                    if after is not None and not np.array_equal(after, a, equal_nan=True):
-                        nchg = int(np.sum(~((after == a) | (np.isnan(after) & np.isnan(a))))) if after.shape == a.shape else a.size
-                        problems.append(f"input #{k + 1} ({(spec.args[n_outputs + k] if len(spec.args) > n_outputs + k else 'an input array')}) "
-                                        f"was modified ({nchg} element(s) changed): inputs must be read-only; "
-                                        "write only into the output")
+    passed_labels, failures, ptx_items = [], [], {}
+    for case, rec, job_case in zip(cases, payload.get("cases", []), job["cases"]):
+        problems = _case_problems(spec, op, case, rec, job_case, res.outputs, names, ptx_items)
         if problems:
-            failures.append((label, problems))
+            failures.append((case[0], problems))
         else:
-            passed_labels.append(label)
+            passed_labels.append(case[0])
     if failures:
-        lines = []
-        shown = failures if len(failures) <= 2 else [failures[0], failures[-1]]
-        for label, problems in shown:
-            lines.append(f"{label}: FAILED")
-            lines += ["  " + p for p in problems]
-        if len(failures) > 2:
-            lines.append(f"also failed: " + "; ".join(f[0] for f in failures[1:-1]))
-        if passed_labels:
-            lines.append("passed: " + "; ".join(passed_labels))
-        return verdict(False, lines)
+        return verdict(False, _failure_lines(failures, passed_labels))
 
     lines = ["matches the float64 reference on " + "; ".join(passed_labels)]
     if spec.kind == "gpu":
         if spec.racecheck:
             lines.append("no shared-memory race, every barrier reached by every thread")
         if spec.ptx and ptx_items:
-            remaining = max(10.0, (spec.timeout or sandbox.DEFAULT_TIMEOUT) - (time.perf_counter() - t0))
-            results = _ptx_results(bundle, list(ptx_items.values()), remaining)
-            bad = [r for r in results if not r.get("ok")]
-            if bad:
-                for r in bad:
-                    if r.get("grader"):
-                        return verdict(False, ["the PTX compiler could not be run (not your fault; tell your "
-                                               f"instructor): {r.get('message', '')}"], status="error")
-                msg = []
-                for r in bad:
-                    where = f" (at {r['where']})" if r.get("where") else ""
-                    msg += [f"`{r['kernel']}` runs in the simulator but does not compile for a real GPU "
-                            f"(sm_90) with signature {r['signature']}{where}:",
-                            "  " + r.get("message", "")[:700],
-                            "  hint: the simulator runs kernels as Python, so it accepts code a GPU cannot: a float "
-                            "used as an index (use // for integer division), a list or a Python object in the "
-                            "kernel, a string, a NumPy call that allocates, or returning a value from a kernel."]
-                return verdict(False, lines + msg)
-            lines.append("compiles to PTX for sm_90 (" + ", ".join(f"{r['kernel']}{r['signature'][4:]}"
-                                                                   for r in results) + ")")
+            status, more = _ptx_step(spec, bundle, ptx_items, t0)
+            if status == "error":
+                return verdict(False, more, status="error")
+            if status == "fail":
+                return verdict(False, lines + more)
+            lines += more
     return verdict(True, lines)
