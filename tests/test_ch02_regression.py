@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import kernels_src
-from kernels_src import parity, viz_ch02
+from kernels_src import parity
+from kernels_src.figures import regression as regfig
 from kernels_src.ops import scalar_regression as sr
 from kernels_src.registry import Variant
 
@@ -36,7 +37,7 @@ def test_reference_gradients_match_finite_differences(seed):
     assert dw == pytest.approx(num_dw, rel=1e-7, abs=1e-9)
     assert db == pytest.approx(num_db, rel=1e-7, abs=1e-9)
     # the chapter's float64 helper computes the same two numbers
-    g = viz_ch02.grads(w, b, x, y)
+    g = regfig.grads(w, b, x, y)
     assert g[0] == pytest.approx(dw, rel=1e-12) and g[1] == pytest.approx(db, rel=1e-12)
 
 
@@ -50,10 +51,10 @@ def test_gradients_vanish_at_the_least_squares_solution():
 
 def test_gradient_descent_converges_to_least_squares():
     x, y, _ = _data(500, 3)
-    path = viz_ch02.descend(x, y, -1.0, 1.5, lr=0.2, steps=400)
+    path = regfig.descend(x, y, -1.0, 1.5, lr=0.2, steps=400)
     w_opt, b_opt = np.polyfit(x, y, 1)
     assert path[-1] == pytest.approx([w_opt, b_opt], abs=1e-6)
-    losses = viz_ch02.mse(path[:, 0], path[:, 1], x, y)
+    losses = regfig.mse(path[:, 0], path[:, 1], x, y)
     assert np.all(np.diff(losses) <= 1e-15), "with a small learning rate the loss must never go up"
 
 
@@ -62,8 +63,8 @@ def test_learning_rate_stability_threshold():
     x, y, _ = _data(500, 4)
     hess = 2 * np.array([[np.mean(x * x), np.mean(x)], [np.mean(x), 1.0]])
     lr_max = 2 / np.linalg.eigvalsh(hess).max()
-    ok = viz_ch02.descend(x, y, 0.0, 0.0, lr=0.95 * lr_max, steps=3000)
-    bad = viz_ch02.descend(x, y, 0.0, 0.0, lr=1.05 * lr_max, steps=3000)
+    ok = regfig.descend(x, y, 0.0, 0.0, lr=0.95 * lr_max, steps=3000)
+    bad = regfig.descend(x, y, 0.0, 0.0, lr=1.05 * lr_max, steps=3000)
     assert ok[-1] == pytest.approx(np.polyfit(x, y, 1), abs=1e-4)
     assert abs(bad[-1][0]) > 1e3 or len(bad) < 3001, "above the threshold the iterates must blow up"
 
@@ -106,7 +107,7 @@ def test_plot_helpers_draw(tmp_path):
     import matplotlib.pyplot as plt
 
     x, y = sr.make_data(100, np.random.default_rng(0))
-    axes = viz_ch02.plot_state(x, y, -0.5, 1.5, lr=0.1, steps=10)
+    axes = regfig.plot_state(x, y, -0.5, 1.5, lr=0.1, steps=10)
     assert len(axes[0].lines) >= 2
     plt.close("all")
 

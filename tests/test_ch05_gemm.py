@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import kernels_src
-from kernels_src import parity, viz_gemm
+from kernels_src import parity
+from kernels_src.figures import gemm as gemmfig
 from kernels_src.ops import gemm
 from kernels_src.registry import Variant, get_op
 
@@ -71,19 +72,19 @@ def test_tile_bytes_model():
 
 
 def test_tile_stats_counts():
-    st = viz_gemm.tile_stats(128, 128, 8, 8, 8, M=1024, N=1024, K=1024)
+    st = gemmfig.tile_stats(128, 128, 8, 8, 8, M=1024, N=1024, K=1024)
     assert st["threads"] == 256
     assert st["smem_bytes"] == 2 * (128 + 128) * 8 * 4
     assert st["blocks"] == 64
     assert st["flop_per_byte_global"] == pytest.approx(2 * 128 * 128 / (4 * 256))  # 32 FLOP/byte
     assert st["smem_loads_per_fma"] == pytest.approx(16 / 64)
-    small = viz_gemm.tile_stats(16, 16, 8, 1, 1)
+    small = gemmfig.tile_stats(16, 16, 8, 1, 1)
     assert small["threads"] == 256 and small["smem_loads_per_fma"] == 2
 
 
 def test_tuned_is_the_sweep_winner():
     """Rung 9 must be the fastest shape of the committed sweep (or the claim in its docstring is false)."""
-    sweep = json.loads((viz_gemm.DATA / "bench" / "gemm_sweep.json").read_text())
+    sweep = json.loads((gemmfig.DATA / "bench" / "gemm_sweep.json").read_text())
     best = max((r for r in sweep["rows"] if r["config"]), key=lambda r: r["gflops"])
     cfg = {k: v for k, v in best["config"].items()}
     want = {k: v for k, v in gemm.TUNED.items() if k != "pad"}

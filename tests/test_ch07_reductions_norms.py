@@ -92,7 +92,7 @@ def test_epsilon_outside_the_root_fails():
 
 
 def test_one_pass_variance_cancels_and_two_pass_does_not():
-    from kernels_src import viz_ch06_08 as viz
+    from kernels_src.figures import rowwise as viz
 
     rows = {r["offset"]: r for r in viz.variance_cancellation()}
     assert rows[1e4]["err_one_pass"] > 0.5  # all digits lost (it even goes negative)

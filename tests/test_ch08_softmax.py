@@ -7,7 +7,7 @@ import pytest
 
 import kernels_src
 from kernels_src import device, parity
-from kernels_src import viz_ch06_08 as viz
+from kernels_src.figures import rowwise as viz
 from kernels_src.ops import softmax as sm
 
 

@@ -22,3 +22,11 @@ def test_no_op_module_imports_the_grader():
            for p in sorted((ROOT / "kernels_src" / "ops").glob("*.py"))}
     bad = {k: v for k, v in bad.items() if v}
     assert not bad, f"ops modules import kernels_src.grading (use kernels_src.registry instead): {bad}"
+
+
+def test_no_module_is_named_after_a_chapter():
+    """Chapters get renumbered; topics don't (figure modules live in kernels_src/figures/, one per topic)."""
+    import re
+
+    bad = [str(p.relative_to(ROOT)) for p in (ROOT / "kernels_src").rglob("*.py") if re.search(r"ch\d", p.stem)]
+    assert not bad, f"modules named by chapter number: {bad}"

@@ -50,7 +50,7 @@ from .reductions import (FAST_MATH, row_jit, ONE, ZERO, torch_view, next_pow2, b
 EPS = 1e-5
 EPS32 = np.float32(EPS)
 THREADS = None  # block size of the register rungs (None: from the row length and PER_THREAD)
-# Register-rung configuration, chosen by measurement (python -m kernels_src.viz_ch06_08 bench --explore
+# Register-rung configuration, chosen by measurement (python -m kernels_src.figures.rowwise bench --explore
 # --autotune on the GPU of book/data/bench/; see explore_gpu.json there): LayerNorm is fastest with 32
 # values per thread (N = 4096: 128 threads), RMSNorm with 8 values per thread and 2 rows per block.
 PER_THREAD = {"ln": 32, "rms": 8}  # target values per thread in the register rungs

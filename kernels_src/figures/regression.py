@@ -1,7 +1,7 @@
 """Chapter 2's pictures and one measurement: the loss surface of y = w*x + b, gradient-descent paths,
 the interactive explorer, and "transfers dominate small problems" on the GPU.
 
-``python -m kernels_src.viz_ch02 transfers --json FILE`` (on the GPU machine, KERNELS_DEVICE=gpu) times,
+``python -m kernels_src.figures.regression transfers --json FILE`` (on the GPU machine, KERNELS_DEVICE=gpu) times,
 for each n: copying x and y to the GPU (pageable and pinned host memory), the regression_grad kernel
 (CUDA events, as ``kernels bench`` does), copying the results back, the whole round trip as a NumPy
 user would see it (wall clock), and the CPU loop on the same host. Nothing in the book times the
@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from . import device
-from .ops import scalar_regression as sr
+from .. import device
+from ..ops import scalar_regression as sr
 
 
 # ------------------------------------------------------------------------------ the math
@@ -172,7 +172,7 @@ def _wall_median(fn, repeat):
 
 
 def measure_transfers(sizes=None, repeat: int = 20) -> dict:
-    from .bench import environment, time_cpu, time_gpu
+    from ..bench import environment, time_cpu, time_gpu
 
     cuda = device.cuda
     sizes = sizes or TRANSFER_SIZES
@@ -225,7 +225,7 @@ def measure_transfers(sizes=None, repeat: int = 20) -> dict:
 def measure_determinism(n: int = 1 << 24, runs: int = 20) -> dict:
     """Run each GPU variant ``runs`` times on the same inputs: how many distinct results does it give,
     and how far is it from the float64 reference (relative error, worst of loss, dw, db)?"""
-    from .registry import variants
+    from ..registry import variants
 
     cuda = device.cuda
     rng = np.random.default_rng(1)
@@ -246,7 +246,7 @@ def measure_determinism(n: int = 1 << 24, runs: int = 20) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels_src.viz_ch02")
+    p = argparse.ArgumentParser(prog="python -m kernels_src.figures.regression")
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("transfers", help="time the GPU round trip of regression_grad against its kernel")
     t.add_argument("--json")
@@ -256,8 +256,8 @@ def main(argv=None) -> int:
     if not device.GPU_VARIANTS_RUN:
         print(f"error: no GPU kernels can run here ({device.REASON})", file=sys.stderr)
         return 2
-    from .bench import save_json
-    from .cli import parse_sizes
+    from ..bench import save_json
+    from ..cli import parse_sizes
 
     sizes = [s[0] for s in parse_sizes(args.sizes)] if args.sizes else None
     res = measure_transfers(sizes, args.repeat)

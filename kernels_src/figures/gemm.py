@@ -7,12 +7,12 @@ book/data/gemm_codegen.json, written by ``kernels_src.ops.gemm.write_codegen_evi
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "book" / "data"
+from ..paths import BENCH_DATA
+
+DATA = BENCH_DATA.parent  # book/data: bench/ and the codegen evidence
 ITEM = 4  # float32
 H100_SMS = 132
 REGS_PER_SM = 65536
@@ -137,12 +137,12 @@ def explorer(M=1024, N=1024, K=1024):
 # ----------------------------------------------------------------------------------- tables
 def rung_table(result: dict, size=None) -> str:
     """Markdown: every rung at one size with GFLOP/s, % of the baseline, and its modelled intensity."""
-    from . import plots
+    from .. import plots
 
     size = tuple(size) if size is not None else plots.largest_size(result)
     lines = ["| rung | variant | what changed | time | GFLOP/s | % of baseline | intensity (FLOP/B) |",
              "|---|---|---|---|---|---|---|"]
-    from .registry import get_variant
+    from ..registry import get_variant
 
     for r in plots.rows(result, size):
         pct = f"{100 * r['vs_baseline']:.1f} %" if "vs_baseline" in r else "–"
@@ -160,7 +160,7 @@ def ladder_plot(result: dict, ax=None, title=None):
     """GFLOP/s of every rung at every size, as grouped bars, with the baseline as a line per size."""
     import matplotlib.pyplot as plt
 
-    from . import plots
+    from .. import plots
 
     ax = ax or plt.subplots(figsize=(9, 4))[1]
     sizes = sorted({tuple(r["size"]) for r in plots.rows(result)}, key=lambda s: np.prod(s))

@@ -6,7 +6,7 @@ Figures are drawn from committed benchmark JSON (book/data/bench/) or computed o
 
 Benchmark driver (run on the GPU machine; writes one JSON per op):
 
-    python -m kernels_src.viz_ch06_08 bench --out DIR [--ops softmax,layernorm] [--explore]
+    python -m kernels_src.figures.rowwise bench --out DIR [--ops softmax,layernorm] [--explore]
 
 It runs :func:`kernels_src.bench.bench` for every chapter 6-8 op in ONE process, so all of them share
 the copy-bandwidth yardstick measured at the start, and it adds a ``torch_eager`` baseline row for
@@ -35,7 +35,7 @@ TARGET_SIZE = (16384, 4096)
 
 # ------------------------------------------------------------------------------- benchmark driver
 def _eager_fn(op_name):
-    from .ops import norms, softmax
+    from ..ops import norms, softmax
 
     return {"softmax": softmax.eager_torch, "layernorm": norms.eager_layernorm,
             "rmsnorm": norms.eager_rmsnorm}[op_name]
@@ -47,7 +47,7 @@ def eager_rows(op, sizes, dtype="float32", repeat=20, compiled: bool = True) -> 
     the strongest baseline a user would reach for."""
     import torch
 
-    from .bench import _median, time_gpu
+    from ..bench import _median, time_gpu
 
     fn = _eager_fn(op.name)
     out = []
@@ -76,9 +76,9 @@ def eager_rows(op, sizes, dtype="float32", repeat=20, compiled: bool = True) -> 
 
 def bench_ops(ops, out_dir, backend="gpu", repeat=20, peaks=None, log=print) -> dict:
     """Benchmark ``ops`` in this process with one shared set of peaks; write <op>_<backend>.json."""
-    from . import device
-    from .bench import _add_fractions, bench, format_table, measure_peaks, save_json
-    from .registry import get_op
+    from .. import device
+    from ..bench import _add_fractions, bench, format_table, measure_peaks, save_json
+    from ..registry import get_op
 
     peaks = peaks if peaks is not None else measure_peaks(backend)
     results = {}
@@ -96,8 +96,8 @@ def bench_ops(ops, out_dir, backend="gpu", repeat=20, peaks=None, log=print) -> 
             except ImportError as e:
                 log(f"no torch eager rows for {name}: {e}")
         _add_fractions(res)
-        res["meta"]["command"] = "python -m kernels_src.viz_ch06_08 bench " + " ".join(sys.argv[2:])
-        from .ops import norms, softmax
+        res["meta"]["command"] = "python -m kernels_src.figures.rowwise bench " + " ".join(sys.argv[2:])
+        from ..ops import norms, softmax
 
         res["meta"]["config"] = {"softmax.PER_THREAD": softmax.PER_THREAD, "norms.PER_THREAD": dict(norms.PER_THREAD),
                                  "norms.ROWS": dict(norms.ROWS), "activations.ITEMS": 4}
@@ -113,10 +113,10 @@ def explore(out_dir, log=print, size=TARGET_SIZE, repeat=20, autotune=False) -> 
     T threads hold 4096/T values each. Each configuration is first checked against the reference (a
     full row and a ragged one); inputs are prepared once per op; every configuration is timed by the same
     CUDA-event harness. With ``autotune`` each op then uses its fastest correct configuration."""
-    from . import parity
-    from .bench import _median, _prepare, time_gpu
-    from .ops import norms, softmax
-    from .registry import get_op, get_variant
+    from .. import parity
+    from ..bench import _median, _prepare, time_gpu
+    from ..ops import norms, softmax
+    from ..registry import get_op, get_variant
 
     rows = []
     plan = {"softmax": [(t, 1) for t in (128, 256, 512, 1024)],
@@ -172,8 +172,8 @@ def explore(out_dir, log=print, size=TARGET_SIZE, repeat=20, autotune=False) -> 
 def check_margins(ops, log=print) -> list[dict]:
     """Parity of every GPU variant over its check sizes, with the worst error as a fraction of the
     allowed tolerance (so tolerances can be set from measured headroom)."""
-    from . import parity
-    from .registry import get_op
+    from .. import parity
+    from ..registry import get_op
 
     out = []
     for name in ops:
@@ -212,7 +212,7 @@ def check_margins(ops, log=print) -> list[dict]:
 
 def kernel_resources(log=print) -> list[dict]:
     """Registers and local memory per thread of the register-rung kernels at N = 4096 (real GPU)."""
-    from .ops import norms, softmax
+    from ..ops import norms, softmax
 
     sig_sm, sig_ln, sig_rms = softmax.SIG, norms.SIG_LN, norms.SIG_RMS
     items = []
@@ -235,7 +235,7 @@ def kernel_resources(log=print) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kernels_src.viz_ch06_08")
+    p = argparse.ArgumentParser(prog="python -m kernels_src.figures.rowwise")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="benchmark the chapter 6-8 ops in one process")
     b.add_argument("--out", required=True)
@@ -248,8 +248,8 @@ def main(argv=None) -> int:
     b.add_argument("--margins", action="store_true", help="also check every GPU variant, with error margins")
     b.add_argument("--resources", action="store_true", help="also report registers per thread")
     args = p.parse_args(argv)
-    from . import device
-    from .bench import measure_peaks
+    from .. import device
+    from ..bench import measure_peaks
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -305,7 +305,7 @@ def plot_gelu_approx(axes=None):
     the approximation's error alone, not rounding)."""
     import matplotlib.pyplot as plt
 
-    from .ops.activations import gelu_tanh_error, relu_ref, silu_ref
+    from ..ops.activations import gelu_tanh_error, relu_ref, silu_ref
 
     if axes is None:
         _, axes = plt.subplots(1, 2, figsize=(12, 4))
@@ -343,7 +343,7 @@ def cancellation_errors(xs=None) -> dict:
     xs = np.linspace(-9, 3, 241) if xs is None else xs  # below -9 the true values leave float32's range
     f32 = np.float32
     out = {"x": xs, "erf form": [], "erfc form": [], "1 + tanh form": [], "sigmoid form": []}
-    from .ops.activations import gelu_ref
+    from ..ops.activations import gelu_ref
 
     for x in xs:
         xf = f32(x)
@@ -382,7 +382,7 @@ def plot_cancellation(ax=None):
 
 def plot_summation_errors(res=None, ax=None):
     """Relative error of float32 summation orders against math.fsum, against n (log-log)."""
-    from .ops.reductions import summation_errors
+    from ..ops.reductions import summation_errors
 
     res = res or summation_errors([2 ** k for k in range(6, 25, 2)])
     ax = _ax(ax)
@@ -419,7 +419,7 @@ def variance_cancellation(offsets=(0, 1e1, 1e2, 1e3, 1e4), n=4096, seed=0) -> li
 
 def softmax_stability(n=8, seed=0) -> list[dict]:
     """Run the CPU softmax rungs on three kinds of row and report NaN counts and max error vs reference."""
-    from .ops import softmax as sm
+    from ..ops import softmax as sm
 
     rng = np.random.default_rng(seed)
     cases = {
@@ -486,7 +486,7 @@ def plot_online_trace(x=None, ax=None):
 # --------------------------------------------------------------------------- benchmark-file helpers
 def row(result: dict, variant: str, size=None) -> dict | None:
     """One timed row of a benchmark file (largest size unless given)."""
-    from .plots import largest_size, rows
+    from ..plots import largest_size, rows
 
     size = tuple(size) if size is not None else largest_size(result)
     for r in rows(result, size):
@@ -497,7 +497,7 @@ def row(result: dict, variant: str, size=None) -> dict | None:
 
 def ladder_bars(result: dict, size=None, ax=None, title=None):
     """GB/s of every variant at one size, with the run's copy bandwidth and 85 % of it as lines."""
-    from .plots import device_label, largest_size, rows
+    from ..plots import device_label, largest_size, rows
 
     ax = _ax(ax, (8, 3.8))
     size = tuple(size) if size is not None else largest_size(result)
@@ -527,7 +527,7 @@ def ladder_bars(result: dict, size=None, ax=None, title=None):
 
 def fusion_summary(result: dict, size=None) -> dict:
     """Predicted and measured ratio of unfused to fused bias+GELU."""
-    from .ops.activations import bias_gelu_bytes_fused, bias_gelu_bytes_unfused
+    from ..ops.activations import bias_gelu_bytes_fused, bias_gelu_bytes_unfused
 
     un, fu = row(result, "unfused", size), row(result, "fused", size)
     s = tuple(un["size"])
@@ -540,7 +540,7 @@ def fusion_summary(result: dict, size=None) -> dict:
 
 def summary_table(results: list[dict], variants=None) -> str:
     """Markdown: one line per op at its largest size: the best course kernel's GB/s and % of copy."""
-    from .plots import _fmt_time, largest_size, rows
+    from ..plots import _fmt_time, largest_size, rows
 
     lines = ["| op | size | best course kernel | median | GB/s | % of copy BW |", "|---|---|---|---|---|---|"]
     for res in results:
@@ -556,7 +556,7 @@ def summary_table(results: list[dict], variants=None) -> str:
 
 def available(ops, backend="gpu") -> list[dict]:
     """The committed benchmark files that exist for ``ops`` (chapters show what has been measured)."""
-    from .plots import DATA, load_bench
+    from ..plots import DATA, load_bench
 
     sub = "h100/" if backend == "gpu" else ""  # GPU figures come from the H100 files
     return [load_bench(f"{sub}{o}_{backend}") for o in ops if (DATA / f"{sub}{o}_{backend}.json").exists()]
@@ -564,7 +564,7 @@ def available(ops, backend="gpu") -> list[dict]:
 
 def combined_table(results: list[dict], size=None) -> str:
     """Markdown: every variant of every op at its largest size (or ``size``): time, GB/s, % of copy."""
-    from .plots import _fmt_time, largest_size, rows
+    from ..plots import _fmt_time, largest_size, rows
 
     lines = ["| op | size | variant | rung | median | GB/s | % of copy BW | vs baseline |",
              "|---|---|---|---|---|---|---|---|"]
@@ -603,9 +603,9 @@ def fusion_bars(result: dict, ax=None):
 def norm_edge_checks(seed: int = 1) -> str:
     """Markdown table: every available norm variant on every edge case of norms.EDGE_CASES (pass/fail
     and the worst error as a fraction of the allowed tolerance)."""
-    from . import parity
-    from .ops import norms
-    from .registry import get_op
+    from .. import parity
+    from ..ops import norms
+    from ..registry import get_op
 
     lines = ["| op | variant | " + " | ".join(norms.EDGE_CASES) + " |", "|---|---|" + "---|" * len(norms.EDGE_CASES)]
     for name in ("layernorm", "rmsnorm", "layernorm_bwd", "rmsnorm_bwd"):
