@@ -377,6 +377,7 @@ class GPT:
         wins a tie). With cache=False every step re-runs the whole sequence through forward()."""
         rng = np.random.default_rng(seed)
         toks = list(prompt)
+        n_new = min(n_new, self.cfg.ctx - len(toks))  # the context (and the cache) holds ctx tokens
         kv = self.new_cache() if cache else None
         logits = None
         if cache:
@@ -384,13 +385,11 @@ class GPT:
                 logits = self.decode_step([t], pos, kv, qweights)[0]
         for _ in range(n_new):
             if not cache:
-                ctx = np.array([toks[-self.cfg.ctx:]], np.int32)
+                ctx = np.array([toks], np.int32)
                 logits = self.be.host(self.forward(ctx)[0])[-1]
             nxt = pick(logits, temperature, rng)
             toks.append(nxt)
-            if cache:
-                if len(toks) > self.cfg.ctx:
-                    break  # the cache is full
+            if cache and len(toks) < self.cfg.ctx:
                 logits = self.decode_step([nxt], len(toks) - 1, kv, qweights)[0]
         return toks
 
