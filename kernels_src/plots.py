@@ -50,12 +50,26 @@ def caption(result: dict) -> str:
             f"(numba {m['versions'].get('numba', '?')}); medians of {rows(result)[0]['repeats']}+ runs.")
 
 
-def bench_table(result: dict, size=None, columns=("variant", "rung", "median", "GFLOP/s", "GB/s", "frac", "vs_base")) -> str:
-    """A Markdown table of one benchmark file (all sizes, or one)."""
+def prediction(op: str, variant: str, limit: int = 160) -> str:
+    """The registered rung's prediction (its docstring's "predicted ..." sentence), shortened for a table."""
+    from .registry import get_op
+
+    try:
+        v = next((x for x in get_op(op).variants if x.name == variant), None)
+    except KeyError:
+        return ""
+    text = v.prediction if v is not None else ""
+    return text if len(text) <= limit else text[: limit - 1].rsplit(" ", 1)[0] + " …"
+
+
+def bench_table(result: dict, size=None,
+                columns=("variant", "rung", "median", "GFLOP/s", "GB/s", "frac", "vs_base", "predicted")) -> str:
+    """A Markdown table of one benchmark file (all sizes, or one). The "predicted" column is each rung's
+    prediction from the registry, printed beside what was measured."""
     memory = result.get("kind") == "memory"
     header = {"variant": "variant", "rung": "rung", "size": "size", "median": "median time",
               "GFLOP/s": "GFLOP/s", "GB/s": "GB/s", "frac": "% of copy BW" if memory else "% of compute yardstick",
-              "vs_base": "speed vs baseline"}
+              "vs_base": "speed vs baseline", "predicted": "predicted (the rung's docstring)"}
     cols = list(columns)
     if size is None and len({tuple(r["size"]) for r in rows(result)}) > 1:
         cols.insert(0, "size")
@@ -65,7 +79,8 @@ def bench_table(result: dict, size=None, columns=("variant", "rung", "median", "
         cell = {"variant": f"`{r['variant']}`", "rung": "baseline" if r["baseline"] else str(r["rung"]),
                 "size": r["size_label"], "median": _fmt_time(r["median_s"]), "GFLOP/s": f"{r['gflops']:,.1f}",
                 "GB/s": f"{r['gbps']:,.1f}", "frac": f"{100 * frac:.1f} %" if frac is not None else "–",
-                "vs_base": f"{r['vs_baseline']:.2f}×" if "vs_baseline" in r else "–"}
+                "vs_base": f"{r['vs_baseline']:.2f}×" if "vs_baseline" in r else "–",
+                "predicted": (prediction(result["op"], r["variant"]) or "–") if not r["baseline"] else "–"}
         lines.append("| " + " | ".join(cell[c] for c in cols) + " |")
     return "\n".join(lines)
 

@@ -75,6 +75,16 @@ class Variant:
     def summary(self) -> str:
         return (self.doc or "").strip().split("\n")[0]
 
+    @property
+    def prediction(self) -> str:
+        """The rung's prediction, as its docstring states it: the first sentence that says "predict..."
+        ("" when the docstring makes none). Ladder tables print it beside the measurement."""
+        import re
+
+        doc = " ".join((self.doc or "").split())
+        m = re.search(r"([^.]*\bpredict\w*\b(?:[^.]|\.\d)*\.)", doc, re.I)
+        return m.group(1).strip() if m else ""
+
     def available(self) -> tuple[bool, str]:
         if self.backend == "gpu" and not device.GPU_VARIANTS_RUN:
             return False, f"GPU variants are off ({device.REASON})"

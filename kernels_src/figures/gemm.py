@@ -140,8 +140,8 @@ def rung_table(result: dict, size=None) -> str:
     from .. import plots
 
     size = tuple(size) if size is not None else plots.largest_size(result)
-    lines = ["| rung | variant | what changed | time | GFLOP/s | % of baseline | intensity (FLOP/B) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| rung | variant | what changed | time | GFLOP/s | % of baseline | intensity (FLOP/B) | predicted (the rung's docstring) |",
+             "|---|---|---|---|---|---|---|---|"]
     from ..registry import get_variant
 
     for r in plots.rows(result, size):
@@ -152,7 +152,8 @@ def rung_table(result: dict, size=None) -> str:
             summary = r["summary"]
         lines.append(f"| {'baseline' if r['baseline'] else r['rung']} | `{r['variant']}` | {summary} | "
                      f"{plots._fmt_time(r['median_s'])} | {r['gflops']:,.0f} | {pct} | "
-                     f"{r['flops'] / r['bytes']:.1f} |")
+                     f"{r['flops'] / r['bytes']:.1f} | "
+                     f"{(plots.prediction(result['op'], r['variant']) or '–') if not r['baseline'] else '–'} |")
     return "\n".join(lines)
 
 

@@ -564,10 +564,10 @@ def available(ops, backend="gpu") -> list[dict]:
 
 def combined_table(results: list[dict], size=None) -> str:
     """Markdown: every variant of every op at its largest size (or ``size``): time, GB/s, % of copy."""
-    from ..plots import _fmt_time, largest_size, rows
+    from ..plots import _fmt_time, largest_size, prediction, rows
 
-    lines = ["| op | size | variant | rung | median | GB/s | % of copy BW | vs baseline |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| op | size | variant | rung | median | GB/s | % of copy BW | vs baseline | predicted (the rung's docstring) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         s = tuple(size) if size is not None else largest_size(res)
         for r in rows(res, s):
@@ -575,7 +575,8 @@ def combined_table(results: list[dict], size=None) -> str:
             lines.append(f"| {res['op']} | {r['size_label']} | `{r['variant']}` | "
                          f"{'baseline' if r['baseline'] else r['rung']} | {_fmt_time(r['median_s'])} | "
                          f"{r['gbps']:,.0f} | {100 * frac:.1f} % | "
-                         f"{(format(r['vs_baseline'], '.2f') + '×') if 'vs_baseline' in r else '–'} |")
+                         f"{(format(r['vs_baseline'], '.2f') + '×') if 'vs_baseline' in r else '–'} | "
+                         f"{(prediction(res['op'], r['variant']) or '–') if not r['baseline'] else '–'} |")
     return "\n".join(lines)
 
 
