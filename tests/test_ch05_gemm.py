@@ -94,8 +94,8 @@ def test_tuned_is_the_sweep_winner():
 def test_ptx_hints_vectorize_shared_loads():
     """The chapter's central claim, recompiled: rung 5 has only scalar shared loads, rung 6 (same
     algorithm, plus `tid & (NT-1)` and `alignment=16`) has 16-byte ones, and neither spills."""
-    code = ("import json; from kernels_src.ops import gemm\n"
-            "out = {n: gemm.ptx_report(getattr(gemm, k))['counts'] for n, k in "
+    code = ("import json; from kernels_src.ops import gemm; from kernels_src.tools import gemm as tools\n"
+            "out = {n: tools.ptx_report(getattr(gemm, k))['counts'] for n, k in "
             "(('bt2d', '_bt2d'), ('hinted', '_hinted'))}\n"
             "print('@@' + json.dumps(out))")
     env = dict(os.environ, KERNELS_DEVICE="ptx", NUMBA_ENABLE_CUDASIM="0")

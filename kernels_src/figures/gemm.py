@@ -2,7 +2,7 @@
 
 Nothing here times anything. Measured numbers come from the committed benchmark JSON under
 book/data/bench/ (see :mod:`kernels_src.plots`); the code-generation evidence (PTX, SASS counts) from
-book/data/gemm_codegen.json, written by ``kernels_src.ops.gemm.write_codegen_evidence``.
+book/data/gemm_codegen.json, written by ``kernels_src.tools.gemm.write_codegen_evidence``.
 """
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def ladder_plot(result: dict, ax=None, title=None):
 
 
 def load_codegen() -> dict:
-    """PTX/SASS counts per rung (see ``kernels_src.ops.gemm.write_codegen_evidence``)."""
+    """PTX/SASS counts per rung (see ``kernels_src.tools.gemm.write_codegen_evidence``)."""
     return json.loads((DATA / "gemm_codegen.json").read_text())
 
 
