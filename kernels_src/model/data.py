@@ -23,14 +23,10 @@ _FOLD = {"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"', "\u2013": "
 
 def prose(text: str) -> str:
     """The prose of one MyST notebook: its Markdown cells without directives, math, tables or HTML."""
-    import jupytext
-
     out = []
-    for cell in jupytext.reads(text, fmt="md:myst").cells:
-        if cell.cell_type != "markdown":
-            continue
+    for source in _markdown_cells(text):
         skip = False
-        for line in cell.source.splitlines():
+        for line in source.splitlines():
             s = line.strip()
             if s.startswith(("```", "$$", ":::")):
                 skip = not skip
@@ -44,6 +40,16 @@ def prose(text: str) -> str:
             out.append(s)
         out.append("")
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip() + "\n"
+
+
+def _markdown_cells(text):
+    """The Markdown cells' sources (jupytext when installed; else split at the code-cell fences)."""
+    try:
+        import jupytext
+    except ImportError:
+        parts = re.split(r"^```\{code-cell\}[^\n]*\n.*?^```[ \t]*$", text, flags=re.M | re.S)
+        return [p.split("\n---\n", 1)[-1] if i == 0 else p for i, p in enumerate(parts)]
+    return [c.source for c in jupytext.reads(text, fmt="md:myst").cells if c.cell_type == "markdown"]
 
 
 def corpus(pattern: str = "ch*.md") -> str:

@@ -1,0 +1,255 @@
+"""The capstone's GPU run: parity, speed against torch, a per-kernel breakdown, a short training run.
+
+    python -m kernels_src.model.bench OUT.json [--quick]
+
+Writes OUT.json after every stage, so a run cut short still leaves what it measured. Stages:
+  parity_ref    the GPU model vs the float64 reference (tiny config): logits, loss, every gradient
+  train_step    our training step (forward, backward, AdamW): median seconds, tokens/s, and a
+                per-role breakdown (each kernel call synchronised and timed)
+  decode_step   our decode step with the KV cache at position POS (batch 1), fp32 and Q8_0/Q4_0 weights
+  torch         the same model in torch eager (fp32, TF32 off, SDPA, AdamW fused): step and decode
+                times, and its logits and gradients from our weights against ours
+  training      a short run on the course's prose: losses, held-out loss, samples
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+from .. import device
+from . import data
+from .gpt import GPT, backend
+from .reference import Config, ReferenceGPT, init_params
+
+BENCH = dict(vocab=data.VOCAB, ctx=256, width=512, heads=8, layers=4)
+BATCH = 16
+POS = 128
+
+
+def _median_time(fn, reps=10, warm=2):
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(reps):
+        device.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        device.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def parity_ref(cfg=Config(vocab=29, ctx=16, width=128, heads=2, layers=2), B=2, T=11, seed=1):
+    p = init_params(cfg, seed)
+    rng = np.random.default_rng(seed + 100)
+    p = {k: v + 0.1 * rng.standard_normal(v.shape) for k, v in p.items()}
+    ids, tg = rng.integers(0, cfg.vocab, (B, T)), rng.integers(0, cfg.vocab, (B, T))
+    ref = ReferenceGPT(cfg, p)
+    lr, loss_r = ref.forward(ids, tg)
+    gr = ref.backward()
+    m = GPT(cfg, p, "gpu")
+    logits, loss = m.forward(ids, tg)
+    m.backward()
+    g = m.grads()
+    out = {"config": cfg.__dict__, "B": B, "T": T,
+           "logits": _err(m.be.host(logits), lr.reshape(B * T, -1)), "loss": _err(np.array([loss]), np.array([loss_r]))}
+    out["grads"] = {k: _err(g[k], gr[k]) for k in gr}
+    return out
+
+
+def _err(got, want):
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64).reshape(got.shape)
+    e, s = float(np.abs(got - want).max()), float(np.abs(want).max())
+    return {"max_abs": e, "max_ref": s, "rel_to_max": e / s if s else e}
+
+
+def train_step(model, ids, tg):
+    def step():
+        model.forward(ids, tg)
+        model.backward()
+        model.adamw(1e-4)
+
+    t = _median_time(step)
+    with model.be.profile() as times:
+        step()
+    return {"median_s": t, "tokens_per_s": ids.size / t, "breakdown_s": times,
+            "roles": {r: model.be.table[r] for r in times}}
+
+
+def decode_step(model, pos=POS, qweights=None):
+    cache = model.new_cache()
+    tok = [3]
+    t = _median_time(lambda: model.decode_step(tok, pos, cache, qweights), reps=30, warm=3)
+    with model.be.profile() as times:
+        model.decode_step(tok, pos, cache, qweights)
+    return {"median_s": t, "tokens_per_s": 1.0 / t, "breakdown_s": times}
+
+
+# ------------------------------------------------------------------------------------------ torch
+def torch_model(cfg, params):
+    import torch
+    import torch.nn.functional as F
+
+    from ..ops.rope import cos_sin_cache
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    P = {k: torch.tensor(np.asarray(v, np.float32), device="cuda", requires_grad=True) for k, v in params.items()}
+    cos, sin = (torch.tensor(a, device="cuda") for a in cos_sin_cache(cfg.ctx, cfg.head_dim))
+    H, D, C = cfg.heads, cfg.head_dim, cfg.width
+
+    def rope(x, c, s):  # x (B,H,T,D) half-split pairs; c, s (T, D/2)
+        a, b = x[..., :D // 2], x[..., D // 2:]
+        return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
+
+    def forward(ids, targets=None):
+        B, T = ids.shape
+        x = P["wte"][ids]
+        c, s = cos[:T], sin[:T]
+        for i in range(cfg.layers):
+            h = F.rms_norm(x, (C,), P[f"h{i}.g1"], eps=1e-5)
+            qkv = (h @ P[f"h{i}.wqkv"]).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+            q, k, v = rope(qkv[0], c, s), rope(qkv[1], c, s), qkv[2]
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + o.transpose(1, 2).reshape(B, T, C) @ P[f"h{i}.wo"]
+            h = F.rms_norm(x, (C,), P[f"h{i}.g2"], eps=1e-5)
+            x = x + F.gelu(h @ P[f"h{i}.wfc"]) @ P[f"h{i}.wproj"]
+        logits = F.rms_norm(x, (C,), P["gf"], eps=1e-5) @ P["wte"].T
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
+
+    def decode(tok, pos, cache):
+        with torch.no_grad():
+            x = P["wte"][tok]  # (1,C)
+            c, s = cos[pos:pos + 1], sin[pos:pos + 1]
+            for i in range(cfg.layers):
+                K, V = cache[i]
+                h = F.rms_norm(x, (C,), P[f"h{i}.g1"], eps=1e-5)
+                qkv = (h @ P[f"h{i}.wqkv"]).view(1, 3, H, 1, D)
+                q, k = rope(qkv[:, 0], c, s), rope(qkv[:, 1], c, s)
+                K[:, :, pos:pos + 1] = k
+                V[:, :, pos:pos + 1] = qkv[:, 2]
+                o = F.scaled_dot_product_attention(q, K[:, :, :pos + 1], V[:, :, :pos + 1])
+                x = x + o.reshape(1, C) @ P[f"h{i}.wo"]
+                h = F.rms_norm(x, (C,), P[f"h{i}.g2"], eps=1e-5)
+                x = x + F.gelu(h @ P[f"h{i}.wfc"]) @ P[f"h{i}.wproj"]
+            return (F.rms_norm(x, (C,), P["gf"], eps=1e-5) @ P["wte"].T).cpu()
+
+    return P, forward, decode
+
+
+def torch_stage(cfg, params, model, ids, tg):
+    import torch
+
+    P, forward, decode = torch_model(cfg, params)
+    ids_t = torch.tensor(ids, device="cuda", dtype=torch.long)
+    tg_t = torch.tensor(tg, device="cuda", dtype=torch.long)
+    out = {"torch": torch.__version__}
+    # parity: torch's logits and gradients against ours (same float32 weights)
+    logits, loss = forward(ids_t, tg_t)
+    loss.backward()
+    ours_logits, ours_loss = model.forward(ids, tg)
+    model.backward()
+    g = model.grads()
+    out["parity"] = {"logits": _err(model.be.host(ours_logits), logits.detach().cpu().numpy()),
+                     "loss": _err(np.array([ours_loss]), np.array([loss.item()])),
+                     "grads": {k: _err(g[k], P[k].grad.cpu().numpy()) for k in P}}
+    opt = torch.optim.AdamW(list(P.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, fused=True)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        _, l_ = forward(ids_t, tg_t)
+        l_.backward()
+        opt.step()
+
+    t = _median_time(step)
+    out["train_step"] = {"median_s": t, "tokens_per_s": ids.size / t}
+    H, D = cfg.heads, cfg.head_dim
+    cache = [(torch.zeros(1, H, cfg.ctx, D, device="cuda"), torch.zeros(1, H, cfg.ctx, D, device="cuda"))
+             for _ in range(cfg.layers)]
+
+    def dstep():
+        decode(torch.tensor([3], device="cuda"), POS, cache)
+
+    t = _median_time(dstep, reps=30, warm=3)
+    out["decode_step"] = {"median_s": t, "tokens_per_s": 1.0 / t}
+    return out
+
+
+def training(cfg, steps=300, seconds=30.0):
+    from ..figures.gpt import evaluate
+
+    tokens = data.encode(data.corpus())
+    tr, va = data.split(tokens)
+    m = GPT(cfg, init_params(cfg, 0), "gpu")
+    it = data.batches(tr, BATCH, 128, seed=0)
+    hist = {"step": [], "loss": [], "val_step": [], "val": []}
+    t0 = time.perf_counter()
+    for s in range(steps):
+        lr = 1e-3 * min(1.0, (s + 1) / 20) * (0.1 + 0.45 * (1 + math.cos(math.pi * s / steps)))
+        ids, tg = next(it)
+        hist["step"].append(s + 1)
+        hist["loss"].append(m.train_step(ids, tg, lr))
+        if (s + 1) % 50 == 0:
+            hist["val_step"].append(s + 1)
+            hist["val"].append(evaluate(m, va, BATCH, 128))
+        if time.perf_counter() - t0 > seconds:
+            break
+    hist["seconds"] = time.perf_counter() - t0
+    prompt = list(data.encode("The kernel "))
+    hist["samples"] = {"greedy": data.decode(m.generate(prompt, 100)),
+                       "temperature_0.8": data.decode(m.generate(prompt, 100, temperature=0.8, seed=1))}
+    hist["batch"], hist["ctx"] = BATCH, 128
+    return hist
+
+
+def main(path, quick=False):
+    res = {"device": device.describe(), "bench_config": BENCH, "batch": BATCH, "decode_pos": POS, "stages": {}}
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1, default=float)
+
+    def stage(name, fn):
+        t0 = time.perf_counter()
+        try:
+            res["stages"][name] = fn()
+        except Exception as e:  # keep going: a later stage may still work
+            import traceback
+
+            res["stages"][name] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}
+        res["stages"][name + "_wall_s"] = time.perf_counter() - t0
+        print(name, "done in", round(time.perf_counter() - t0, 1), "s", flush=True)
+        save()
+
+    cfg = Config(**BENCH) if not quick else Config(vocab=data.VOCAB, ctx=16, width=64, heads=1, layers=1)
+    B = BATCH if not quick else 1
+    T = 256 if not quick else 8
+    params = init_params(cfg, 0)
+    rng = np.random.default_rng(0)
+    ids, tg = rng.integers(0, cfg.vocab, (B, T)), rng.integers(0, cfg.vocab, (B, T))
+    stage("parity_ref", parity_ref if not quick else
+          lambda: parity_ref(Config(vocab=7, ctx=8, width=64, heads=1, layers=1), B=1, T=3))
+    model = GPT(cfg, params, "gpu")
+    res["n_params"] = model.n_params
+    stage("train_step", lambda: train_step(model, ids, tg))
+    pos = POS if not quick else 4
+    stage("decode_fp32", lambda: decode_step(model, pos))
+    if not quick:
+        stage("torch", lambda: torch_stage(cfg, params, GPT(cfg, params, "gpu"), ids, tg))
+    for fmt in ("q8_0", "q4_0"):
+        stage(f"decode_{fmt}", lambda fmt=fmt: decode_step(model, pos, model.quantize(fmt)[0]))
+    if not quick:
+        stage("training", lambda: training(Config(vocab=data.VOCAB, ctx=128, width=256, heads=4, layers=4)))
+    save()
+    return res
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], quick="--quick" in sys.argv)
