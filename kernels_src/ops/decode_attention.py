@@ -570,7 +570,10 @@ def make_edge_inputs_append(size, dtype, rng):
 define_op("kv_append_decode", reference=reference_append_decode, make_inputs=make_inputs_append,
           edge_inputs=make_edge_inputs_append, chapter=10,
           title="append T tokens to an empty KV cache, then one decode step",
-          size_names=("B", "T", "Hq", "Hkv", "D"), kind="memory", tol=lambda s, dt: decode_tol((0, 0, 0, s[1]), dt),
+          size_names=("B", "T", "Hq", "Hkv", "D"), kind="memory",
+          # the edge inputs have scores of ~1e3: a float32 score is off by ~eps * 1e3 = 1e-4 (relative to
+          # its weight), which carries into o; the seed sweep saw 9e-5, so 2e-4 relative
+          tol=lambda s, dt: (2e-4, decode_tol((0, 0, 0, s[1]), dt)[1]),
           output_names=("o", "K", "V"),
           sizes={"check": [(1, 1, 1, 1, 1), (2, 7, 4, 2, 8), (1, 13, 6, 3, 16), (3, 40, 8, 1, 33)],
                  "check_sim": [(1, 1, 1, 1, 1), (2, 7, 4, 2, 8)], "bench": [(8, 512, 32, 8, 128)],
