@@ -63,7 +63,8 @@ def prediction(op: str, variant: str, limit: int = 160) -> str:
 
 
 def bench_table(result: dict, size=None,
-                columns=("variant", "rung", "median", "GFLOP/s", "GB/s", "frac", "vs_base", "predicted")) -> str:
+                columns=("variant", "rung", "median", "GFLOP/s", "GB/s", "frac", "vs_base", "predicted"),
+                skip=()) -> str:
     """A Markdown table of one benchmark file (all sizes, or one). The "predicted" column is each rung's
     prediction from the registry, printed beside what was measured."""
     memory = result.get("kind") == "memory"
@@ -75,6 +76,8 @@ def bench_table(result: dict, size=None,
         cols.insert(0, "size")
     lines = ["| " + " | ".join(header[c] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows(result, size):
+        if r["variant"] in skip:
+            continue
         frac = r.get("frac_copy_bw") if memory else r.get("frac_compute_peak")
         cell = {"variant": f"`{r['variant']}`", "rung": "baseline" if r["baseline"] else str(r["rung"]),
                 "size": r["size_label"], "median": _fmt_time(r["median_s"]), "GFLOP/s": f"{r['gflops']:,.1f}",
