@@ -460,7 +460,11 @@ def online_trace(x):
 def plot_online_trace(x=None, ax=None):
     import matplotlib.pyplot as plt
 
-    x = np.random.default_rng(3).normal(0, 2, 40) if x is None else np.asarray(x)
+    if x is None:  # several near-equal maxima early (s grows), then a jump (s collapses by exp(m_old - m_new))
+        x = np.random.default_rng(3).normal(0, 1, 40)
+        x[4:10] = [2.4, 2.6, 2.5, 2.7, 2.55, 2.65]
+        x[24], x[31] = 6.0, 6.3
+    x = np.asarray(x)
     ms, ss = online_trace(x)
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 3.8))
