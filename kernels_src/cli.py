@@ -5,6 +5,8 @@
     kernels bench OP [--backend cpu|gpu] [--sizes 1024,4096] [--json FILE]
     kernels ptx [OP]                       compile every GPU kernel to PTX for sm_90 (no GPU needed)
     kernels doctor                         what is installed, what works, and how to fix what doesn't
+    kernels profile OP [--size S] [--set memory|stalls|shared|all] [--json FILE]
+                                           Nsight Compute counters per variant (real GPU and ncu needed)
 """
 from __future__ import annotations
 
@@ -153,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("doctor", help="versions, GPU, simulator, PTX: what works and how to fix the rest")
     s.set_defaults(func=cmd_doctor)
+
+    from .tools import profile
+
+    profile.add_parser(sub)
     for extra in EXTRA_COMMANDS:
         extra(sub)
     return p
