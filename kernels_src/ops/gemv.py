@@ -17,19 +17,31 @@ Ladder
   gemv_wx  cpu/numpy          baseline  W @ x: BLAS sgemv
   gemv_wx  cpu/rowdot         rung 1    one contiguous dot product per row of W
   gemv_wx  cpu/prange         rung 2    rows split over cores
+  gemv_wx  gpu/torch          baseline  torch.mv(W, x): cuBLAS's GEMV
   gemv_wx  gpu/thread_per_row rung 1    one thread per output: lanes of a warp read addresses K*4 bytes apart
-  gemv_wx  gpu/block_per_row  rung 2    one block per output: lanes read adjacent k, tree-sum in shared memory
-  gemv     gpu/thread_per_col rung 3    the coalescing-correct layout: W (K,N), lanes take adjacent columns
-  gemv     gpu/splitk         rung 4    a block per 32 columns, 16 K-slices each, tree-sum in shared memory
-  gemv     gpu/splitk_grid    rung 5    K also split over blocks (512 rows each), partial sums added with atomics
+  gemv_wx  gpu/warp_per_row   rung 2    one warp per output, 8 rows per block: lanes read adjacent k, warp
+                                        sum by shuffles (real GPU only)
+  gemv_wx  gpu/warp_per_row_smem  2     the same loads, warp sum through shared memory (runs in the simulator)
+  gemv_wx  gpu/block_per_row  rung 3    one block per output: lanes read adjacent k, tree-sum in shared memory
+  gemv_wx  gpu/warp_per_row_vec4  4     rung 2 with 16-byte loads (vec.load4), 4 of them in flight per lane
+  gemv     gpu/torch          baseline  torch.matmul(x, W): cuBLAS's GEMV
+  gemv     gpu/thread_per_col rung 1    the coalescing-correct layout: W (K,N), lanes take adjacent columns
+  gemv     gpu/splitk         rung 2    a block per 32 columns, 16 K-slices each, tree-sum in shared memory
+  gemv     gpu/splitk_grid    rung 3    K also split over blocks (512 rows each), partial sums added with atomics
+
+thread_per_row (y = W x) and thread_per_col (y = x W) launch the same N threads; one is uncoalesced, the
+other coalesced: they isolate coalescing. thread_per_row and warp_per_row read the same layout; the second
+launches 32 times more threads: they isolate parallelism.
 """
 import math
 
 import numpy as np
 from numba import float32, get_num_threads, njit, prange
 
-from ..device import ceil_div, cuda
+from ..device import ceil_div, cuda, needs_real_gpu
 from ..registry import define_op, register
+from ..vec import load4
+from .reductions import torch_gpu, torch_view
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -249,7 +261,7 @@ def block_per_row_kernel(y, W, x):
         y[n] = part[0]
 
 
-@register("gemv_wx", "gpu", "block_per_row", rung=2, ptx=[(block_per_row_kernel, SIG_WX)])
+@register("gemv_wx", "gpu", "block_per_row", rung=3, ptx=[(block_per_row_kernel, SIG_WX)])
 def gemv_wx_block_per_row(y, W, x):
     """One block of 256 threads per output row, tree sum in shared memory (coalesced).
 
@@ -258,6 +270,187 @@ def gemv_wx_block_per_row(y, W, x):
     bandwidth for long rows; for short rows (K < a few thousand) the reduction and the block
     start-up dominate."""
     block_per_row_kernel[y.size, THREADS](y, W, x)
+
+
+WPR_WARPS = 8  # warp_per_row: rows (warps) per block of 256 threads
+
+
+@cuda.jit(device=True, inline=True)
+def warp_sum_shfl(acc):
+    """The sum of acc over the 32 lanes of a warp, in lane 0: five shuffle-down steps, no shared memory,
+    no barrier (lane i adds lane i+16's value, then i+8's, ...)."""
+    off = 16
+    while off > 0:
+        acc += cuda.shfl_down_sync(0xFFFFFFFF, acc, off)
+        off //= 2
+    return acc
+
+
+@cuda.jit(fastmath=True)
+def warp_per_row_kernel(y, W, x):
+    lane = cuda.threadIdx.x % 32
+    n = cuda.blockIdx.x * WPR_WARPS + cuda.threadIdx.x // 32  # this warp's row
+    if n < y.size:  # the whole warp takes the same branch: the shuffles below see all 32 lanes
+        acc = float32(0.0)
+        for k in range(lane, x.size, 32):  # lanes take adjacent k: 128 contiguous bytes per warp load
+            acc += W[n, k] * x[k]
+        acc = warp_sum_shfl(acc)
+        if lane == 0:
+            y[n] = acc
+
+
+def _wpr_grid(N, warps):
+    return max(1, ceil_div(N, warps)), warps * 32
+
+
+@register("gemv_wx", "gpu", "warp_per_row", rung=2, ptx=[(warp_per_row_kernel, SIG_WX)], requires=needs_real_gpu)
+def gemv_wx_warp_per_row(y, W, x):
+    """One warp per output row, 8 rows per block, lanes striding the row (coalesced), a shuffle warp sum.
+
+    One warp per output row, 8 rows per block: the warp's lanes stride along the row together, so
+    each warp load is 128 contiguous bytes (coalesced, like block_per_row), and the 32 partial sums are
+    added with five warp shuffles. Against thread_per_row this changes the parallelism (32 threads per
+    row instead of 1: N/8 blocks, 512 at N = 4096, instead of N/256 = 16) as well as the coalescing;
+    against thread_per_col (coalesced, N threads) only the parallelism. Predicted: at 4096x4096
+    about 10x thread_per_row and within 20 % of block_per_row (about 60 % of copy), since each lane
+    still has one or two 4-byte loads in flight; close to block_per_row at 16384x16384 too."""
+    warp_per_row_kernel[_wpr_grid(y.size, WPR_WARPS)](y, W, x)
+
+
+@cuda.jit(fastmath=True)
+def warp_per_row_smem_kernel(y, W, x):
+    lane = cuda.threadIdx.x % 32
+    w = cuda.threadIdx.x // 32
+    n = cuda.blockIdx.x * WPR_WARPS + w
+    part = cuda.shared.array((WPR_WARPS, 32), float32)  # one row of 32 partial sums per warp
+    acc = float32(0.0)
+    if n < y.size:
+        for k in range(lane, x.size, 32):
+            acc += W[n, k] * x[k]
+    part[w, lane] = acc
+    cuda.syncthreads()  # every thread of the block reaches every barrier: no early return above
+    s = 16
+    while s > 0:  # 32 -> 16 -> ... -> 1 partial sums per warp
+        if lane < s:
+            part[w, lane] += part[w, lane + s]
+        cuda.syncthreads()
+        s //= 2
+    if lane == 0 and n < y.size:
+        y[n] = part[w, 0]
+
+
+@register("gemv_wx", "gpu", "warp_per_row_smem", rung=2, ptx=[(warp_per_row_smem_kernel, SIG_WX)])
+def gemv_wx_warp_per_row_smem(y, W, x):
+    """warp_per_row with the warp sum done in shared memory (the simulator's twin of the shuffle rung).
+
+    warp_per_row's loads, with the 32 partial sums of each warp added in shared memory (5 halving
+    steps, a block barrier after each) instead of by shuffles: this version also runs in the CUDA
+    simulator. Predicted: within 5 % of warp_per_row, since the sum is done once per row of K
+    elements and the loads dominate."""
+    warp_per_row_smem_kernel[_wpr_grid(y.size, WPR_WARPS)](y, W, x)
+
+
+V4_WARPS = 4  # warp_per_row_vec4: rows (warps) per block of 128 threads
+
+
+@cuda.jit(device=True, inline=True)
+def dot4(a, b):
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3]
+
+
+_V4_KERNELS: dict = {}
+
+
+def vec4_kernel(shfl: bool = True, warps: int = V4_WARPS):
+    """The warp-per-row kernel with 16-byte loads, ``warps`` rows per block. shfl=True sums each warp with
+    shuffles (real GPU); shfl=False through shared memory, which the simulator runs (the tests use it to
+    check the indexing). Needs K % 4 == 0 (each row then starts on a 16-byte boundary); the launcher
+    falls back to scalar loads otherwise."""
+    key = (shfl, warps)
+    if key in _V4_KERNELS:
+        return _V4_KERNELS[key]
+
+    @cuda.jit(fastmath=True)
+    def warp_per_row_vec4_kernel(y, W, x):
+        lane = cuda.threadIdx.x % 32
+        w = cuda.threadIdx.x // 32
+        n = cuda.blockIdx.x * warps + w
+        K4 = x.size // 4  # groups of 4 floats in a row (K % 4 == 0)
+        acc = float32(0.0)
+        if n < y.size:
+            r = n * K4  # row n of W, counted in groups of 4 floats from the start of the buffer
+            g = lane
+            while g + 96 < K4:  # groups g, g+32, g+64, g+96 of the row: a warp reads 4 x 512 bytes
+                w0 = load4(W, r + g)  # four 16-byte loads issued before the first multiply needs one:
+                w1 = load4(W, r + g + 32)  # 64 bytes in flight per lane
+                w2 = load4(W, r + g + 64)
+                w3 = load4(W, r + g + 96)
+                acc += dot4(w0, load4(x, g)) + dot4(w1, load4(x, g + 32))  # x: re-read by every row, from L1/L2
+                acc += dot4(w2, load4(x, g + 64)) + dot4(w3, load4(x, g + 96))
+                g += 128
+            while g < K4:  # the row's last groups (fewer than 128 left)
+                acc += dot4(load4(W, r + g), load4(x, g))
+                g += 32
+        if shfl:
+            acc = warp_sum_shfl(acc)
+            if lane == 0 and n < y.size:
+                y[n] = acc
+        else:  # the simulator's path: the warp sum through shared memory, every thread at every barrier
+            part = cuda.shared.array((warps, 32), float32)
+            part[w, lane] = acc
+            cuda.syncthreads()
+            s = 16
+            while s > 0:
+                if lane < s:
+                    part[w, lane] += part[w, lane + s]
+                cuda.syncthreads()
+                s //= 2
+            if lane == 0 and n < y.size:
+                y[n] = part[w, 0]
+
+    _V4_KERNELS[key] = warp_per_row_vec4_kernel
+    return warp_per_row_vec4_kernel
+
+
+def _aligned16(a) -> bool:
+    """Whether an array's data starts on a 16-byte boundary (device arrays: 256-byte aligned)."""
+    iface = getattr(a, "__cuda_array_interface__", None)
+    ptr = iface["data"][0] if iface is not None else a.__array_interface__["data"][0]
+    return ptr % 16 == 0
+
+
+def launch_vec4(y, W, x, shfl: bool = True, warps: int = V4_WARPS):
+    """warp_per_row_vec4, or its scalar-load twin when 16-byte loads would be misaligned (K % 4 != 0, or
+    an array not starting on a 16-byte boundary)."""
+    K = x.size
+    if K % 4 or not (_aligned16(W) and _aligned16(x)):
+        kern = warp_per_row_kernel if shfl else warp_per_row_smem_kernel
+        kern[_wpr_grid(y.size, WPR_WARPS)](y, W, x)
+        return
+    vec4_kernel(shfl, warps)[_wpr_grid(y.size, warps)](y, W, x)
+
+
+@register("gemv_wx", "gpu", "warp_per_row_vec4", rung=4, requires=needs_real_gpu,
+          ptx=[(vec4_kernel(True), SIG_WX)])
+def gemv_wx_warp_per_row_vec4(y, W, x):
+    """warp_per_row with 16-byte loads (vec.load4), 4 in flight per lane, 4 rows per block.
+
+    warp_per_row with 16-byte loads: each lane loads 4 adjacent floats at once (ld.global.v4.f32), so
+    a warp load covers 512 contiguous bytes, and each lane issues 4 such loads before it needs the
+    first, 64 bytes in flight per lane instead of 4-8. Blocks of 4 rows give 1024 blocks at
+    N = 4096, all resident at once on 132 SMs. K % 4 != 0 (rows not on 16-byte boundaries) falls back
+    to warp_per_row. Predicted: at least 85 % of copy at 4096x4096 and at 16384x16384: about 4096 x 32
+    x 64 bytes = 8 MB in flight, more than the ~3 MB that Little's law asks for (3 TB/s x ~1 us)."""
+    launch_vec4(y, W, x, shfl=True)
+
+
+@register("gemv_wx", "gpu", "torch", baseline=True, requires=torch_gpu)
+def gemv_wx_torch(y, W, x):
+    """torch.mv(W, x, out=y): cuBLAS's single-precision GEMV, writing into our output buffer."""
+    import torch
+
+    torch.mv(torch_view(W), torch_view(x), out=torch_view(y))
+
 
 
 @cuda.jit(fastmath=True)
@@ -270,7 +463,7 @@ def thread_per_col_kernel(y, x, W):
         y[n] = acc
 
 
-@register("gemv", "gpu", "thread_per_col", rung=3, ptx=[(thread_per_col_kernel, SIG_XW)])
+@register("gemv", "gpu", "thread_per_col", rung=1, ptx=[(thread_per_col_kernel, SIG_XW)])
 def gemv_thread_per_col(y, x, W):
     """The coalescing-correct layout: W (K,N), one thread per column.
 
@@ -307,7 +500,7 @@ def splitk_kernel(y, x, W):
         y[n] = part[0, tx]
 
 
-@register("gemv", "gpu", "splitk", rung=4, ptx=[(splitk_kernel, SIG_XW)])
+@register("gemv", "gpu", "splitk", rung=2, ptx=[(splitk_kernel, SIG_XW)])
 def gemv_splitk(y, x, W):
     """Split K 16 ways inside a block of 32 columns, partial sums added in shared memory.
 
@@ -351,7 +544,7 @@ def splitk_grid_kernel(y, x, W):
         cuda.atomic.add(y, n, part[0, tx])  # several blocks add into the same y[n]
 
 
-@register("gemv", "gpu", "splitk_grid", rung=5, ptx=[(zero_kernel, "void(float32[::1])"),
+@register("gemv", "gpu", "splitk_grid", rung=3, ptx=[(zero_kernel, "void(float32[::1])"),
                                                       (splitk_grid_kernel, SIG_XW)])
 def gemv_splitk_grid(y, x, W):
     """Split K across blocks too (512 rows each), partial sums added with atomics.
@@ -363,3 +556,11 @@ def gemv_splitk_grid(y, x, W):
     happen in a run-to-run varying order (still within tolerance)."""
     zero_kernel[ceil_div(y.size, THREADS), THREADS](y)
     splitk_grid_kernel[(ceil_div(y.size, SK_COLS), ceil_div(x.size, SKG_CHUNK)), (SK_COLS, SK_SLICES)](y, x, W)
+
+
+@register("gemv", "gpu", "torch", baseline=True, requires=torch_gpu)
+def gemv_torch(y, x, W):
+    """torch.matmul(x, W, out=y): cuBLAS's single-precision GEMV (transposed case), into our buffer."""
+    import torch
+
+    torch.matmul(torch_view(x), torch_view(W), out=torch_view(y))
