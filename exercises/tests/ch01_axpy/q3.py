@@ -6,7 +6,7 @@ name = "q3"
 points = [1]
 
 @test_case(points=None, hidden=False)
-def test_q3_block_sum_parity():
+def test_q3_stride_parity():
     from kernels_src.grading import check_gpu
-    check_gpu('block_sum_gpu', kernels=('block_sum_kernel',), op='axpy_block_sum', args=('out', 'a', 'x', 'y'))
+    check_gpu('axpy_stride_gpu', kernels=('axpy_stride_kernel',), op='axpy', args=('out', 'a', 'x', 'y'), sizes=[(1,), (255,), (700,)])
 
