@@ -147,3 +147,45 @@ def test_grader_edge_inputs_are_defined():
         inputs = EDGE_INPUTS[name]((8, 33), np.dtype("float32"), np.random.default_rng(0))
         refs = parity.reference_outputs(kernels_src.get_op(name), inputs)
         assert all(r.shape for r in refs)
+
+
+@pytest.mark.parametrize("name", ["layernorm_bwd", "rmsnorm_bwd"])
+def test_backward_long_row_fallback(name, monkeypatch):
+    """Rows longer than the register rungs can hold go to the streaming kernel (any length) instead of
+    raising. A small forced threshold sends the simulator's short rows down that path."""
+    if not device.GPU_VARIANTS_RUN:
+        pytest.skip(device.REASON)
+    monkeypatch.setattr(norms, "BWD_REG_MAX_N", 8)
+    op = kernels_src.get_op(name)
+    calls = []
+    real = norms._bwd_stream
+    monkeypatch.setattr(norms, "_bwd_stream", lambda *a: (calls.append(a[0]), real(*a))[1])
+    for vname in ("regs", "vec4"):
+        v = kernels_src.get_variant(f"{name}/gpu/{vname}")
+        for size in ((3, 7), (4, 33), (2, 36)):
+            calls.clear()
+            rep = parity.check_variant(v, op, size)
+            assert rep.ok, str(rep)
+            assert bool(calls) == (size[1] > 8), (vname, size, calls)  # the fallback ran exactly when forced
+
+
+def test_vec_config_covers_the_row():
+    """The 16-byte rungs' (threads, groups): every element of the row has a slot, on the GPU too."""
+    for n in (1, 3, 4, 7, 33, 36, 257, 1000, 4096, 4099, 12289):
+        t, g = norms.vec_config(n, 16)
+        assert 4 * t * g >= n
+
+
+@pytest.mark.parametrize("name", ["layernorm", "rmsnorm"])
+def test_vec4_several_rows_per_block(name, monkeypatch):
+    """VEC_ROWS > 1 (a tuning option on the GPU) in the simulator's shared-memory version."""
+    if not device.GPU_VARIANTS_RUN:
+        pytest.skip(device.REASON)
+    fam = "ln" if name == "layernorm" else "rms"
+    monkeypatch.setitem(norms.VEC_ROWS, fam, 2)
+    monkeypatch.setattr(norms, "ROWS_IN_SIM", True)
+    op = kernels_src.get_op(name)
+    v = kernels_src.get_variant(f"{name}/gpu/vec4")
+    for size in ((1, 1), (3, 7), (3, 36)):
+        rep = parity.check_variant(v, op, size)
+        assert rep.ok or rep.skipped, str(rep)
