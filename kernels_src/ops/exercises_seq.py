@@ -12,7 +12,7 @@ quantity at each. The band is the op's relative tolerance (``tol=(band, 0)``), s
 | ``axpy_time_prediction`` | 1 | axpy ``thread`` rung, median µs | ±40 % |
 | ``regression_time_prediction`` | 2 | ``atomic`` and ``blockatomic`` rungs, median µs | ±50 % |
 | ``db_speedup_prediction`` | 3 | ``column`` time / ``tree`` time of ``linear_bwd_db`` | ±30 % |
-| ``gemv_time_prediction`` | 4 | ``thread_per_col`` and ``splitk_grid`` rungs of ``gemv``, median µs | ±40 % |
+| ``gemv_time_prediction`` | 4 | ``thread_per_col`` and ``splitk_grid`` rungs of ``gemv``, median µs | ±50 % |
 | ``gemm_smem_prediction`` | 5 | TFLOP/s of the ``smem`` rung of ``gemm`` | ±30 % |
 | ``fusion_speedup_prediction`` | 6 | ``unfused`` time / ``fused`` time of ``bias_gelu`` | ±30 % |
 | ``layernorm_time_prediction`` | 7 | ``regs`` rung of ``layernorm``, median µs | ±40 % |
@@ -128,7 +128,7 @@ def gemv_time_reference(K, N):
 
 
 _declare("gemv_time_prediction", 4, "predicted vs measured time of GEMV thread_per_col and splitk_grid",
-         gemv_time_reference, gemv_time_inputs, ("k",), ("us",), 0.4)
+         gemv_time_reference, gemv_time_inputs, ("k",), ("us",), 0.5)
 
 
 # ----------------------------------------------------------------------------------- chapter 5: gemm
