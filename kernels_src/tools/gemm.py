@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import device
 from ..device import cuda
-from ..ops.gemm import SIG, gemm_cublas, make_warptile
+from ..ops.gemm import SIG, SIG_VEC, gemm_cublas, make_vec, make_warptile
 
 SWEEP = [  # candidate shapes for the autotuning sweep (run_sweep times each on the GPU)
     dict(BM=128, BN=128, BK=8, TM=8, TN=8, dbuf=True),
@@ -24,6 +24,18 @@ SWEEP = [  # candidate shapes for the autotuning sweep (run_sweep times each on 
     dict(BM=64, BN=256, BK=8, TM=4, TN=16, dbuf=True),
     dict(BM=256, BN=128, BK=8, TM=16, TN=8, dbuf=True, wr=8, wc=4),
 ]
+
+SWEEP_VEC = [  # candidates for rungs 10-11 (make_vec): 16-byte loads, with and without warp tiles
+    dict(BK=8, warptile=False),
+    dict(BK=8, warptile=False, minblocks=2),
+    dict(BK=16, LR=8, LC=4, warptile=True),
+    dict(BK=16, LR=8, LC=4, warptile=True, minblocks=2),
+    dict(BK=16, LR=4, LC=8, warptile=True, minblocks=2),
+    dict(BK=8, LR=8, LC=4, warptile=True, minblocks=2),
+    dict(BM=64, BN=128, BK=16, LR=8, LC=4, warptile=True, minblocks=4),
+    dict(BM=128, BN=256, BK=8, TM=8, TN=16, LR=8, LC=4, warptile=True),
+]
+FACTORIES = {"warptile": make_warptile, "vec": make_vec}
 
 
 def ptx_report(launch_or_kernel, sig=SIG, cc=(9, 0)) -> dict:
@@ -62,9 +74,12 @@ def ptx_report(launch_or_kernel, sig=SIG, cc=(9, 0)) -> dict:
     return out
 
 
-def run_sweep(path=None, sizes=((2048, 2048, 2048), (4096, 4096, 4096)), configs=None, repeat=10) -> dict:
-    """Autotuning sweep (real GPU only): check and time every shape in ``SWEEP`` with the bench's own
-    timer (L2 flushed, CUDA events, median), next to cuBLAS, and write the results as JSON."""
+def run_sweep(path=None, sizes=((2048, 2048, 2048), (4096, 4096, 4096)), configs=None, repeat=10,
+              factory="warptile", check_sizes=((517, 389, 263), (520, 392, 264))) -> dict:
+    """Autotuning sweep (real GPU only): check and time every shape in ``SWEEP`` (or ``configs``, built by
+    ``FACTORIES[factory]``) with the bench's own timer (L2 flushed, CUDA events, median), next to cuBLAS,
+    and write the results as JSON. The check sizes cover the guarded path (K, N not multiples of 4) and the
+    16-byte one (multiples of 4, with edge blocks)."""
     import json
 
     from .. import bench
@@ -74,17 +89,17 @@ def run_sweep(path=None, sizes=((2048, 2048, 2048), (4096, 4096, 4096)), configs
     if device.MODE != "gpu":
         raise RuntimeError("the sweep needs the real GPU")
     op = get_op("gemm")
-    out = {"meta": bench.environment(), "rows": []}
+    out = {"meta": bench.environment(), "factory": factory, "rows": []}
+    make = FACTORIES[factory]
     cands = [("cublas", None)] + [(str(c), c) for c in (configs or SWEEP)]
     for size in sizes:
         sets = bench._prepare(op, size, "float32", "gpu", 2)
         for name, cfg in cands:
-            fn = gemm_cublas if cfg is None else make_warptile(**cfg)
+            fn = gemm_cublas if cfg is None else make(**cfg)
             row = {"config": cfg, "name": name, "size": list(size)}
             if cfg is not None:
                 v = Variant("gemm", "gpu", "sweep", fn)
-                rep = check_variant(v, op, (517, 389, 263))
-                row["check_ok"] = rep.ok
+                row["check_ok"] = all(check_variant(v, op, s).ok for s in check_sizes)
                 row["registers"] = _one(fn.kernel.get_regs_per_thread())
                 row["local_bytes"] = _one(fn.kernel.get_local_mem_per_thread())
             t = float(np.median(bench.time_gpu(fn, sets, repeat=repeat)))
@@ -184,7 +199,7 @@ def write_codegen_evidence(path, sass_dir=None) -> dict:
     ev = {"note": "PTX compiled for sm_90 by numba-cuda's NVVM; registers from ptxas via nvJitLink", "ptx": [],
           "inner_loop": {}, "sass": {}}
     for v in variants("gemm", "gpu", baselines=False):
-        rep = ptx_report(v.ptx[0][0])
+        rep = ptx_report(*v.ptx[0])
         loop = inner_loop(rep["ptx"])
         ops = Counter(ln.split()[0] for ln in loop.splitlines() if ln.strip() and not ln.startswith("$"))
         ev["ptx"].append({"variant": v.name, "rung": v.rung, "ptx_registers": rep.get("registers"),
