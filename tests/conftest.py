@@ -61,3 +61,13 @@ def run_python():
                               timeout=timeout, cwd=ROOT)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A headless Chromium (Playwright); skips the test without one, fails under REQUIRE_BROWSER=1.
+    See tests/_browser.py."""
+    import _browser
+
+    with _browser.launch() as b:
+        yield b
