@@ -857,3 +857,108 @@ def norm_edge_checks(seed: int = 1) -> str:
                 cells.append(("ok" if all(r.ok for r in reps) else "**FAIL**") + f" ({worst:.2f})")
             lines.append(f"| {name} | `{v.backend}/{v.name}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n(in parentheses: the worst error as a fraction of the allowed error)"
+
+
+# ------------------------------------------------------------------------- Nsight Compute summaries
+NCU_STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+
+
+def ncu_rows(result: dict, variants=None) -> list[dict]:
+    """Per variant of a ``<op>_ncu.json``: kernel time, DRAM bytes (and their ratio to the bytes the op
+    must move), L2 traffic, instructions per element (warp instructions x 32 / elements), issue-slot and
+    DRAM utilisation, occupancy and the largest stall reason."""
+    from ..tools.profile import STALL_REASONS
+
+    out = []
+    for name, r in result["variants"].items():
+        if "total" not in r or (variants and name not in variants):
+            continue
+        t = r["total"]
+        dram = t.get("dram__bytes_read.sum", 0) + t.get("dram__bytes_write.sum", 0)
+        stalls = {s: t[NCU_STALL.format(s)] for s in STALL_REASONS if NCU_STALL.format(s) in t}
+        top = max(stalls, key=stalls.get) if stalls else ""
+        out.append({"variant": name, "kernels": t.get("kernels", 1), "time_us": t["gpu__time_duration.sum"] / 1e3,
+                    "dram_read_mib": t.get("dram__bytes_read.sum", 0) / 2 ** 20,
+                    "dram_write_mib": t.get("dram__bytes_write.sum", 0) / 2 ** 20,
+                    "dram_over_min": dram / result["bytes_min"], "l2_mib": t.get("lts__t_bytes.sum", 0) / 2 ** 20,
+                    "inst_per_elem": t.get("smsp__inst_executed.sum", 0) * 32 / result["elements"],
+                    "issue_pct": t.get("smsp__issue_active.avg.pct_of_peak_sustained_active"),
+                    "dram_pct": t.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                    "occupancy_pct": t.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
+                    "regs": t.get("launch__registers_per_thread"),
+                    "long_scoreboard": stalls.get("long_scoreboard"), "top_stall": top,
+                    "top_stall_value": stalls.get(top)})
+    return out
+
+
+def ncu_table(result: dict, variants=None) -> str:
+    """Markdown table of :func:`ncu_rows` (every number read from the JSON)."""
+    lines = ["| variant | kernels | kernel time (µs) | DRAM read (MiB) | DRAM write (MiB) | DRAM bytes / minimum | "
+             "L2 traffic (MiB) | instructions per element | issue slots busy | DRAM busy | occupancy | "
+             "long-scoreboard stalls per issue |", "|---|" + "---:|" * 11]
+    for r in ncu_rows(result, variants):
+        lines.append(f"| `{r['variant']}` | {r['kernels']} | {r['time_us']:.1f} | {r['dram_read_mib']:,.0f} | "
+                     f"{r['dram_write_mib']:,.0f} | {r['dram_over_min']:.2f} | {r['l2_mib']:,.0f} | "
+                     f"{r['inst_per_elem']:.1f} | {r['issue_pct']:.0f} % | {r['dram_pct']:.0f} % | "
+                     f"{r['occupancy_pct']:.0f} % | {r['long_scoreboard']:.1f} |")
+    return "\n".join(lines)
+
+
+def ncu_row(result: dict, variant: str) -> dict:
+    return next(r for r in ncu_rows(result) if r["variant"] == variant)
+
+
+# ------------------------------------------------------------------------ chapter 6's split roofline
+_RUNG_STYLE = {"thread": ("o", "C0"), "ilp4": ("s", "C1"), "vec4": ("^", "C2"), "unfused": ("o", "C0"),
+               "fused": ("s", "C1"), "fused_v4": ("^", "C2")}
+
+
+def activation_roofline(results: list[dict], axes=None, title=None):
+    """The chapter 6 kernels on a roofline zoomed to where they live (0.05-2 FLOP/B), split into three
+    panels (forward, backward, bias + GELU). Colour and marker name the rung, the same in every panel;
+    each op's name is written beside its points (every rung of an op has the same intensity)."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import largest_size, rows
+
+    panels = {"forward": [], "backward": [], "bias + GELU (fusion)": []}
+    for res in results:
+        key = "bias + GELU (fusion)" if res["op"] == "bias_gelu" else ("backward" if res["op"].endswith("_bwd")
+                                                                      else "forward")
+        panels[key].append(res)
+    if axes is None:
+        _, axes = plt.subplots(1, 3, figsize=(15, 4.6), sharey=True)
+    bw = (results[0].get("peaks") or {}).get("copy_gbps")
+    x = np.logspace(np.log10(0.05), np.log10(2.5), 50)
+    for ax, (name, group) in zip(axes, panels.items()):
+        ax.loglog(x, bw * x, "k-", lw=1.2, label=f"copy bandwidth x intensity ({bw:,.0f} GB/s)")
+        ax.loglog(x, 0.85 * bw * x, "k:", lw=0.8, label="85 % of copy")
+        seen = set()
+        labels = []
+        for res in group:
+            s = largest_size(res)
+            pts = [r for r in rows(res, s) if not r["baseline"]]
+            for r in pts:
+                m, c = _RUNG_STYLE.get(r["variant"], ("x", "0.4"))
+                ai = r["flops"] / r["bytes"]
+                ax.loglog(ai, r["gflops"], m, color=c, ms=7, mfc="none" if r["variant"] == "thread" else c,
+                          label=r["variant"] if r["variant"] not in seen else None)
+                seen.add(r["variant"])
+                if res["op"] == "bias_gelu":
+                    labels.append((ai, r["gflops"], r["variant"]))
+            if res["op"] != "bias_gelu":
+                top = max(pts, key=lambda r: r["gflops"])
+                labels.append((top["flops"] / top["bytes"], top["gflops"], res["op"]))
+        labels.sort()
+        for i, (ai, g, text) in enumerate(labels):  # alternate left-above / right-below: neighbours do not collide
+            ax.annotate(text, (ai, g), xytext=(-7, 6) if i % 2 == 0 else (7, -12), textcoords="offset points",
+                        ha="right" if i % 2 == 0 else "left", fontsize=8)
+        ax.set_xlim(0.05, 2.5)
+        ax.set_title(name)
+        ax.set_xlabel("FLOP / byte")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[0].set_ylabel("GFLOP/s")
+    if title:
+        axes[0].figure.suptitle(title)
+    return axes
