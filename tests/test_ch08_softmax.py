@@ -105,3 +105,30 @@ def test_benchmark_inputs_are_safe_for_every_rung():
     (x,) = sm.make_inputs((64, 1000), np.dtype("float32"), np.random.default_rng(0))
     assert np.isfinite(x).any(axis=1).all()
     assert np.nanmax(x[np.isfinite(x)]) < 60
+
+
+def test_profile_plan_parses_and_covers_the_ladder():
+    plan = viz.parse_plan(viz.PROFILE_PLAN)
+    ops = {op: vs for op, _, vs in plan}
+    assert {"naive", "safe", "online", "vec4"} <= set(ops["softmax"])
+    assert viz.parse_plan("softmax@3x36:naive,vec4") == [("softmax", (3, 36), ["naive", "vec4"])]
+
+
+def test_committed_profile_shows_one_dram_pass_per_rung():
+    """The chapter's claim: every forward rung moves about the minimum DRAM bytes (re-reads hit L2)."""
+    from kernels_src import plots
+
+    res = plots.load_json(plots.DATA / "h100/softmax_ncu.json")
+    rows = viz.ncu_rows(res)
+    assert {r["variant"] for r in rows} >= {"naive", "safe", "online", "regs", "vec4"}
+    for r in rows:
+        assert 0.9 < r["dram_over_min"] < 1.1, r
+
+
+@pytest.mark.parametrize("size", [(3, 8), (2, 36), (5, 132)])
+def test_vec4_rungs_on_rows_a_multiple_of_four(size):
+    """The 16-byte path (rows of 4k elements) of the forward and backward vec4 rungs, outputs poisoned."""
+    for key in ("softmax/gpu/vec4", "softmax_bwd/gpu/vec4"):
+        v = kernels_src.get_variant(key)
+        rep = parity.check_variant(v, kernels_src.get_op(v.op), size)
+        assert rep.ok, str(rep)
