@@ -62,8 +62,8 @@ def _run_autograder(tmp_path, submission_file):
 def test_run_autograder_grades_the_solution(tmp_path):
     res = _run_autograder(tmp_path, corpus_submission("solution", tmp_path))
     scores = {t["name"]: (t["score"], t["max_score"]) for t in res["tests"] if "max_score" in t}
-    assert scores == {"q1": (3, 3), "q2": (3, 3), "q3": (4, 4)}, json.dumps(res, indent=1)[:3000]
-    assert res["score"] == 10
+    assert scores == {"q1": (3, 3), "q2": (3, 3), "q3": (3, 3), "q4": (2, 2)}, json.dumps(res, indent=1)[:3000]
+    assert res["score"] == 11
     public = [t for t in res["tests"] if t["name"] == "Public Tests"][0]
     assert public["visibility"] == "visible" and public["status"] == "passed"
     assert all(t["visibility"] == "after_published" for t in res["tests"] if "max_score" in t)

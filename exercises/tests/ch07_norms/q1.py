@@ -6,7 +6,7 @@ name = "q1"
 points = [1]
 
 @test_case(points=None, hidden=False)
-def test_q1_rmsnorm():
+def test_q1_layernorm():
     from kernels_src.grading import check_gpu
-    check_gpu('rmsnorm_gpu', kernels=('rmsnorm_kernel',), op='rmsnorm', args=('y', 'rstd', 'x', 'gamma'), sizes=[(1, 1), (3, 7), (2, 33)])
+    check_gpu('layernorm_gpu', kernels=('layernorm_kernel',), op='layernorm', args=('y', 'mean', 'rstd', 'x', 'gamma', 'beta'), sizes=[(1, 1), (3, 7), (2, 33)])
 
