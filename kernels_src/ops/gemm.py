@@ -25,6 +25,8 @@ Ladder (each rung changes one thing)
   gpu/conflictfree   rung 7    padded A tile and a warp-aware thread layout: no shared-memory bank conflicts
   gpu/dbuf           rung 8    double-buffered shared memory: the next tile loads while this one computes
   gpu/tuned          rung 9    rung 8 with the tile shape that won a sweep on the GPU (128x256, 8x16 per thread)
+  gpu/vec            rung 10   rung 8 with 16-byte global loads/stores (kernels_src.vec.load4) and unguarded full tiles
+  gpu/warptile       rung 11   rung 10 with warp tiles (each warp a contiguous 64x32 tile of C) and BK = 16
 
 Numba-specific lessons, each visible in the PTX (see ``kernels_src.tools.gemm.ptx_report``): a signed index makes Numba emit
 a negative-index ("wraparound") fix-up for every array access, which blocks vectorised shared-memory
@@ -1044,8 +1046,11 @@ def gemm_tuned(C, A, B):
     _tuned(C, A, B)
 
 
-VEC = dict(BM=128, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, warptile=False)  # rung 8's shape and layout
-WARPTILE = dict(BM=128, BN=128, BK=16, TM=8, TN=8, LR=8, LC=4, warptile=True)
+# minblocks=2 (launch bounds: at most 128 registers) keeps two blocks of 256 threads per SM, as rung 8 has.
+# Without it the compiler takes 134 (rung 10) and 160 (rung 11) registers and one block fits: the sweep
+# (book/data/bench/h100/gemm_sweep_vec.json) measured 13-15 % less at 4096^3.
+VEC = dict(BM=128, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, warptile=False, minblocks=2)  # rung 8's shape and layout
+WARPTILE = dict(BM=128, BN=128, BK=16, TM=8, TN=8, LR=8, LC=4, warptile=True, minblocks=2)
 _vec = make_vec(**VEC)
 _warptile = make_vec(**WARPTILE)
 
@@ -1057,7 +1062,10 @@ def gemm_vec(C, A, B):
     Rung 8's kernel (same 128x128x8 tiles, same thread layout) with its global traffic in 16-byte
     instructions: one load4 of A and one of B per thread per tile instead of 4 + 4 guarded scalar loads,
     and a block whose tile lies inside C skips every bounds check (edge blocks keep a guarded path).
-    Predicted: 5-15 % over rung 8 at 4096^3: the per-tile overhead shrinks, the inner loop does not."""
+    Predicted: 5-15 % over rung 8 at 4096^3: the per-tile overhead shrinks, the inner loop does not.
+    (Written before the first measurement. That measurement showed the new kernel needed 134 registers,
+    which left one block per SM instead of rung 8's two, so the registered rung adds launch bounds,
+    ``minblocks=2``, to keep rung 8's occupancy; the chapter shows both.)"""
     _vec(C, A, B)
 
 
@@ -1068,5 +1076,5 @@ def gemm_warptile(C, A, B):
     Rung 10 with each warp owning a contiguous 64x32 tile of C (lanes as an 8x4 grid, each lane two by two
     4x4 pieces inside the warp's tile) and 16-deep K tiles, so the per-tile work (global loads, shared
     stores, one barrier) is spread over 1024 FMAs per thread instead of 512. Predicted: >= 75 % of cuBLAS
-    at 4096^3 (the issue's goal), from fewer non-FMA instructions per FMA."""
+    at 4096^3 (the issue's goal), from fewer non-FMA instructions per FMA. (Launch bounds as rung 10.)"""
     _warptile(C, A, B)
