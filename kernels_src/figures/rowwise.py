@@ -325,8 +325,7 @@ def profile_plan(plan_text: str, out_dir, metric_set: str = "all", log=print, ti
     metrics = list(dict.fromkeys(prof.COMMON + tuple(m for k in sets for m in prof.METRIC_SETS[k])))
     plan, dropped = parse_plan(plan_text), []
     for _ in range(4):
-        cmd = prof.ncu_command(ncu, metrics, [])[:-3] + ["-m", "kernels_src.figures.rowwise", "profile-child",
-                                                         plan_text]
+        cmd = prof.ncu_command(ncu, metrics, [plan_text], module="kernels_src.figures.rowwise profile-child")
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         output = (proc.stdout or "") + "\n" + (proc.stderr or "")
         kernels = prof.parse_csv(proc.stdout or "", metrics) if proc.returncode == 0 else []

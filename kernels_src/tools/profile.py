@@ -78,11 +78,13 @@ def find_ncu() -> str | None:
     return None
 
 
-def ncu_command(ncu: str, metrics, child_args, *, python: str | None = None) -> list[str]:
+def ncu_command(ncu: str, metrics, child_args, *, python: str | None = None,
+                module: str = "kernels_src.tools.profile --child") -> list[str]:
+    """ncu running ``python -m <module> <child_args>`` (a child that brackets what it wants measured with
+    cuProfilerStart/Stop)."""
     return [ncu, "--csv", "--page", "raw", "--print-units", "base", "--print-kernel-base", "function",
             "--profile-from-start", "off", "--clock-control", "none", "--cache-control", "all",
-            "--metrics", ",".join(metrics), python or sys.executable, "-m", "kernels_src.tools.profile", "--child",
-            *child_args]
+            "--metrics", ",".join(metrics), python or sys.executable, "-m", *module.split(), *child_args]
 
 
 def _number(text: str):
