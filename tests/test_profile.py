@@ -75,7 +75,9 @@ def test_profile_summary_and_table():
 
     name = next(v.name for v in get_op("axpy").variants if v.backend == "gpu")
     run, _ = _runner([(0, fake_csv([("k", (2000, 8 << 20, 80.0, 16))]))])
-    res = P.profile("axpy", [name], (1 << 20,), metric_set="memory", ncu="ncu", runner=run, progress=False, log=None)
+    res = P.profile("axpy", [name], (1 << 20,), metric_set="memory", extra_metrics=("my__metric.sum",), ncu="ncu",
+                    runner=run, progress=False, log=None)
+    assert "my__metric.sum" in res["metrics"]
     assert res["variants"][name]["total"]["dram__bytes_read.sum"] == 8 << 20
     md = P.table(res, ["dram__bytes_read.sum"], scale={"dram__bytes_read.sum": (2 ** 20, "DRAM read (MiB)")})
     assert "DRAM read (MiB)" in md and f"| {name} | 8 |" in md

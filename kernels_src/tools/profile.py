@@ -34,7 +34,11 @@ COMMON = ("gpu__time_duration.sum", "launch__registers_per_thread", "launch__gri
 METRIC_SETS = {
     "memory": ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.sum", "l1tex__t_bytes.sum",
                "lts__t_sector_hit_rate.pct", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-               "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem"),
+               "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem",
+               # sectors per request: 4 for a coalesced warp-wide 4-byte load, up to 32 when every lane
+               # touches its own 32-byte sector
+               "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+               "smsp__sass_inst_executed_op_global_ld.sum"),
     "stalls": ("smsp__issue_active.avg.pct_of_peak_sustained_active", "smsp__inst_executed.sum",
                "sm__throughput.avg.pct_of_peak_sustained_elapsed",
                "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
@@ -175,9 +179,10 @@ def profile_variant(op_name: str, variant: str, size, *, metrics, dtype="float32
     raise ProfileError(f"ncu kept rejecting metrics for {op_name}/{variant}: {dropped}")
 
 
-def profile(op_name: str, variants=None, size=None, *, metric_set="memory", dtype="float32", ncu=None,
-            runner=None, progress=True, log=print) -> dict:
-    """Profile each GPU variant of ``op_name`` at ``size``; return the JSON-able summary."""
+def profile(op_name: str, variants=None, size=None, *, metric_set="memory", extra_metrics=(), dtype="float32",
+            ncu=None, runner=None, progress=True, log=print) -> dict:
+    """Profile each GPU variant of ``op_name`` at ``size``; return the JSON-able summary. ``extra_metrics``
+    are ncu metric names added to the set (see ``ncu --query-metrics``)."""
     from .. import bench, device
     from ..registry import get_op
 
@@ -189,7 +194,7 @@ def profile(op_name: str, variants=None, size=None, *, metric_set="memory", dtyp
         raise KeyError(f"{op_name}/gpu has no variant(s) {unknown}; known: {[v.name for v in gpu]}")
     if size is None:
         size = tuple(bench.default_bench_sizes(op, "gpu")[-1])
-    metrics = tuple(dict.fromkeys(COMMON + METRIC_SETS[metric_set]))
+    metrics = tuple(dict.fromkeys(COMMON + METRIC_SETS[metric_set] + tuple(extra_metrics)))
     res = {"op": op_name, "size": list(size), "size_label": op.size_label(tuple(size)), "dtype": dtype,
            "set": metric_set, "metrics": list(metrics), "dropped": [], "meta": bench.environment(),
            "variants": {}}
@@ -267,6 +272,7 @@ def add_parser(sub) -> None:
     s.add_argument("--size", help="one size, e.g. 16384x4096 (default: the op's largest benchmark size)")
     s.add_argument("--variants", help="comma-separated GPU variant names (default: all)")
     s.add_argument("--set", dest="metric_set", choices=sorted(METRIC_SETS), default="memory")
+    s.add_argument("--metrics", help="extra ncu metric names, comma-separated (ncu --query-metrics lists them)")
     s.add_argument("--dtype", default="float32")
     s.add_argument("--json", help="write the summary to this file")
     s.add_argument("-q", "--quiet", action="store_true")
@@ -288,7 +294,8 @@ def cmd_profile(args) -> int:
         return 2
     try:
         res = profile(args.op, args.variants.split(",") if args.variants else None, sizes[0] if sizes else None,
-                      metric_set=args.metric_set, dtype=args.dtype, progress=not args.quiet)
+                      metric_set=args.metric_set, extra_metrics=tuple(filter(None, (args.metrics or "").split(","))),
+                      dtype=args.dtype, progress=not args.quiet)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
