@@ -34,7 +34,7 @@ Ladder (both formats)
   cpu/fused_prange    rung 3    rung 2 with the columns split over cores
   cpu/q8act_prange    rung 4    llama.cpp's CPU path: x quantized to int8 blocks, int32 dot per block
   gpu/torch           baseline  torch fp32 x @ W on the dequantized weights (cuBLAS)
-  gpu/fp32_gemv       baseline  chapter 4's best fp32 GEMV (gemv/splitk_grid) on the dequantized weights
+  gpu/fp32_gemv       baseline  chapter 4's best fp32 x@W GEMV (gemv/splitk_grid) on the dequantized weights
   gpu/thread_per_row  rung 1    one thread per output walks its packed row: lanes 34/18*K/32 bytes apart
   gpu/warp_per_row    rung 2    one warp per output, lane = element of a block: coalesced byte loads
   gpu/rows            rung 3    8 weights per lane from 2-byte loads, x reused from registers for 8 outputs
@@ -1074,7 +1074,7 @@ def _gpu_rungs(fmt):
     register(op, "gpu", "torch", baseline=True, bytes=fp32_bytes, requires=_torch_gpu)(torch_fn)
 
     def fp32_fn(y, x, Wq):
-        """Chapter 4's best fp32 GEMV (gemv/splitk_grid) on the dequantized weights: 4 bytes per weight."""
+        """Chapter 4's best fp32 x@W GEMV (gemv/splitk_grid) on the dequantized weights: 4 bytes per weight."""
         from .gemv import gemv_splitk_grid
 
         gemv_splitk_grid(y, x, dequantized_fp32(Wq, fmt, "KN", device_array=True))
