@@ -231,7 +231,7 @@ def bwd_tol(size, dtype):
 SIZES = {"check": [(1, 1), (3, 7), (5, 33), (2, 257), (64, 1000), (17, 4099), (5, 4096), (3, 12289), (2, 40000)],
          "check_sim": [(1, 1), (3, 7), (5, 33), (3, 36), (2, 257)],
          "bench": [(1024, 1024), (4096, 4096)],
-         "bench_gpu": [(16384, 1024), (16384, 4096)],
+         "bench_gpu": [(16384, 4096)],
          "bench_sim": [(5, 33)]}
 define_op("layernorm", reference=ln_reference, make_inputs=ln_make_inputs, chapter=7, title="LayerNorm forward",
           size_names=("M", "N"), kind="memory", tol=fwd_tol, output_names=("y", "mean", "rstd"), sizes=SIZES,
@@ -1223,7 +1223,10 @@ def make_ln_bwd_vec_kernel(threads, groups, aligned, shuffle):
     partial dgamma, dbeta stay in registers across the strip; each row's dy and x are read once, the two
     row sums take one shuffle reduction and one barrier (the warp sums alternate between two shared
     buffers, so no second barrier is needed before the next row reuses one), and dx is written once. At
-    the end the block writes its partials to part[0, b], part[1, b]."""
+    the end the block writes its partials to part[0, b], part[1, b]. The blocks of one wave start
+    together and do identical work, so they would all load at once and then all reduce at once, leaving
+    DRAM idle half the time; each thread therefore loads the next row (xn, dn) before it reduces this
+    one (software pipelining), and DRAM always has a row per block to fetch."""
     ne = 4 * groups
     nb = 64 if shuffle else threads
 
@@ -1242,6 +1245,8 @@ def make_ln_bwd_vec_kernel(threads, groups, aligned, shuffle):
         gv = cuda.local.array(ne, float32)
         xv = cuda.local.array(ne, float32)
         dv = cuda.local.array(ne, float32)
+        xn = cuda.local.array(ne, float32)  # the next row, loaded one row ahead
+        dn = cuda.local.array(ne, float32)
         ag = cuda.local.array(ne, float32)
         ab = cuda.local.array(ne, float32)
         for k in range(groups):
@@ -1268,35 +1273,68 @@ def make_ln_bwd_vec_kernel(threads, groups, aligned, shuffle):
         par = 0
         r0 = b * strip
         r1 = min(m, r0 + strip)
-        for row in range(r0, r1):
-            mu = mean[row]
-            r = rstd[row]
-            for k in range(groups):  # dy and x of this row: the only DRAM reads
+        nxt = r0
+        if nxt < r1:  # the first row of the strip
+            for k in range(groups):
                 j = tid + k * threads
                 if aligned:
                     if j < n4:
-                        a0, a1, a2, a3 = load4(dy, row * n4 + j)
-                        c0, c1, c2, c3 = load4(x, row * n4 + j)
-                    else:  # outside the row: dy = 0 and x = mean give g = 0, xhat = 0
+                        a0, a1, a2, a3 = load4(dy, nxt * n4 + j)
+                        c0, c1, c2, c3 = load4(x, nxt * n4 + j)
+                    else:  # outside the row: dy = 0 (so g = 0 and nothing is accumulated)
                         a0, a1, a2, a3 = ZERO, ZERO, ZERO, ZERO
-                        c0, c1, c2, c3 = mu, mu, mu, mu
-                    dv[4 * k] = a0
-                    dv[4 * k + 1] = a1
-                    dv[4 * k + 2] = a2
-                    dv[4 * k + 3] = a3
-                    xv[4 * k] = c0
-                    xv[4 * k + 1] = c1
-                    xv[4 * k + 2] = c2
-                    xv[4 * k + 3] = c3
+                        c0, c1, c2, c3 = ZERO, ZERO, ZERO, ZERO
+                    dn[4 * k] = a0
+                    dn[4 * k + 1] = a1
+                    dn[4 * k + 2] = a2
+                    dn[4 * k + 3] = a3
+                    xn[4 * k] = c0
+                    xn[4 * k + 1] = c1
+                    xn[4 * k + 2] = c2
+                    xn[4 * k + 3] = c3
                 else:
                     for i in range(4):
                         c = 4 * j + i
                         if c < n:
-                            dv[4 * k + i] = dy[row, c]
-                            xv[4 * k + i] = x[row, c]
+                            dn[4 * k + i] = dy[nxt, c]
+                            xn[4 * k + i] = x[nxt, c]
                         else:
-                            dv[4 * k + i] = ZERO
-                            xv[4 * k + i] = mu
+                            dn[4 * k + i] = ZERO
+                            xn[4 * k + i] = ZERO
+        for row in range(r0, r1):
+            mu = mean[row]
+            r = rstd[row]
+            for e in range(ne):
+                dv[e] = dn[e]
+                xv[e] = xn[e]
+            nxt = row + 1
+            if nxt < r1:  # issue the next row's loads now: they fly while this row is reduced
+                for k in range(groups):
+                    j = tid + k * threads
+                    if aligned:
+                        if j < n4:
+                            a0, a1, a2, a3 = load4(dy, nxt * n4 + j)
+                            c0, c1, c2, c3 = load4(x, nxt * n4 + j)
+                        else:  # outside the row: dy = 0 (so g = 0 and nothing is accumulated)
+                            a0, a1, a2, a3 = ZERO, ZERO, ZERO, ZERO
+                            c0, c1, c2, c3 = ZERO, ZERO, ZERO, ZERO
+                        dn[4 * k] = a0
+                        dn[4 * k + 1] = a1
+                        dn[4 * k + 2] = a2
+                        dn[4 * k + 3] = a3
+                        xn[4 * k] = c0
+                        xn[4 * k + 1] = c1
+                        xn[4 * k + 2] = c2
+                        xn[4 * k + 3] = c3
+                    else:
+                        for i in range(4):
+                            c = 4 * j + i
+                            if c < n:
+                                dn[4 * k + i] = dy[nxt, c]
+                                xn[4 * k + i] = x[nxt, c]
+                            else:
+                                dn[4 * k + i] = ZERO
+                                xn[4 * k + i] = ZERO
             sg = ZERO
             sgx = ZERO
             for e in range(ne):
@@ -1368,6 +1406,8 @@ def make_rms_bwd_vec_kernel(threads, groups, aligned, shuffle):
         gv = cuda.local.array(ne, float32)
         xv = cuda.local.array(ne, float32)
         dv = cuda.local.array(ne, float32)
+        xn = cuda.local.array(ne, float32)
+        dn = cuda.local.array(ne, float32)
         ag = cuda.local.array(ne, float32)
         for k in range(groups):
             j = tid + k * threads
@@ -1392,34 +1432,67 @@ def make_rms_bwd_vec_kernel(threads, groups, aligned, shuffle):
         par = 0
         r0 = b * strip
         r1 = min(m, r0 + strip)
-        for row in range(r0, r1):
-            r = rstd[row]
+        nxt = r0
+        if nxt < r1:
             for k in range(groups):
                 j = tid + k * threads
                 if aligned:
                     if j < n4:
-                        a0, a1, a2, a3 = load4(dy, row * n4 + j)
-                        c0, c1, c2, c3 = load4(x, row * n4 + j)
-                    else:
+                        a0, a1, a2, a3 = load4(dy, nxt * n4 + j)
+                        c0, c1, c2, c3 = load4(x, nxt * n4 + j)
+                    else:  # outside the row: dy = 0 (so g = 0 and nothing is accumulated)
                         a0, a1, a2, a3 = ZERO, ZERO, ZERO, ZERO
                         c0, c1, c2, c3 = ZERO, ZERO, ZERO, ZERO
-                    dv[4 * k] = a0
-                    dv[4 * k + 1] = a1
-                    dv[4 * k + 2] = a2
-                    dv[4 * k + 3] = a3
-                    xv[4 * k] = c0
-                    xv[4 * k + 1] = c1
-                    xv[4 * k + 2] = c2
-                    xv[4 * k + 3] = c3
+                    dn[4 * k] = a0
+                    dn[4 * k + 1] = a1
+                    dn[4 * k + 2] = a2
+                    dn[4 * k + 3] = a3
+                    xn[4 * k] = c0
+                    xn[4 * k + 1] = c1
+                    xn[4 * k + 2] = c2
+                    xn[4 * k + 3] = c3
                 else:
                     for i in range(4):
                         c = 4 * j + i
                         if c < n:
-                            dv[4 * k + i] = dy[row, c]
-                            xv[4 * k + i] = x[row, c]
+                            dn[4 * k + i] = dy[nxt, c]
+                            xn[4 * k + i] = x[nxt, c]
                         else:
-                            dv[4 * k + i] = ZERO
-                            xv[4 * k + i] = ZERO
+                            dn[4 * k + i] = ZERO
+                            xn[4 * k + i] = ZERO
+        for row in range(r0, r1):
+            r = rstd[row]
+            for e in range(ne):
+                dv[e] = dn[e]
+                xv[e] = xn[e]
+            nxt = row + 1
+            if nxt < r1:
+                for k in range(groups):
+                    j = tid + k * threads
+                    if aligned:
+                        if j < n4:
+                            a0, a1, a2, a3 = load4(dy, nxt * n4 + j)
+                            c0, c1, c2, c3 = load4(x, nxt * n4 + j)
+                        else:  # outside the row: dy = 0 (so g = 0 and nothing is accumulated)
+                            a0, a1, a2, a3 = ZERO, ZERO, ZERO, ZERO
+                            c0, c1, c2, c3 = ZERO, ZERO, ZERO, ZERO
+                        dn[4 * k] = a0
+                        dn[4 * k + 1] = a1
+                        dn[4 * k + 2] = a2
+                        dn[4 * k + 3] = a3
+                        xn[4 * k] = c0
+                        xn[4 * k + 1] = c1
+                        xn[4 * k + 2] = c2
+                        xn[4 * k + 3] = c3
+                    else:
+                        for i in range(4):
+                            c = 4 * j + i
+                            if c < n:
+                                dn[4 * k + i] = dy[nxt, c]
+                                xn[4 * k + i] = x[nxt, c]
+                            else:
+                                dn[4 * k + i] = ZERO
+                                xn[4 * k + i] = ZERO
             sgx = ZERO
             for e in range(ne):
                 d = dv[e]
@@ -1659,10 +1732,11 @@ def layernorm_bwd_stream(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
           ptx=[(_vbwd_kernel("ln_vec", 512, 2, True, True), SIG_LN_BWD_V), (colsum_kernel, SIG_COLSUM2)])
 def layernorm_bwd_vec4(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
     """Strips of consecutive rows, one block per resident slot (one wave), 16-byte loads and stores,
-    gamma in registers for the whole strip, one barrier per row, then a column-sum kernel over the
-    partials. DRAM traffic: dy and x read once, dx written once, plus 2 x G x N partials (about 2 %).
-    Predict: about 85 % of copy at 16384 x 4096 and about 1.5x torch's backward, which reads dy and x
-    a second time for dgamma, dbeta."""
+    gamma in registers for the whole strip, one barrier per row, and the next row's dy and x loaded
+    before this row is reduced, so a block always has a row of loads in flight; then a column-sum kernel
+    over the partials. DRAM traffic: dy and x read once, dx written once, plus 2 x G x N partials (about
+    2 %). Predict: about 85 % of copy at 16384 x 4096 and about 1.5x torch's backward, which reads dy
+    and x a second time for dgamma, dbeta."""
     _bwd_vec("ln", (dgamma, dbeta), dx, dy, x, (mean, rstd, gamma))
 
 
@@ -1676,8 +1750,9 @@ def rmsnorm_bwd_stream(dx, dgamma, dy, x, rstd, gamma):
 @register("rmsnorm_bwd", "gpu", "vec4", rung=4,
           ptx=[(_vbwd_kernel("rms_vec", 512, 2, True, True), SIG_RMS_BWD_V), (colsum_kernel, SIG_COLSUM2)])
 def rmsnorm_bwd_vec4(dx, dgamma, dy, x, rstd, gamma):
-    """Strips of rows, 16-byte accesses, one barrier per row, partial dgamma in registers. Predict:
-    about 85 % of copy at 16384 x 4096 and about 1.5x torch's backward."""
+    """Strips of rows, 16-byte accesses, one barrier per row, the next row loaded one row ahead,
+    partial dgamma in registers. Predict: about 85 % of copy at 16384 x 4096 and about 1.5x torch's
+    backward."""
     _bwd_vec("rms", (dgamma,), dx, dy, x, (rstd, gamma))
 
 
