@@ -203,3 +203,72 @@ def sass_table(ev: dict) -> str:
     for name, counts in ev.get("sass", {}).items():
         lines.append(f"| `{name}` | " + " | ".join(str(counts.get(k, "–")) for k in keys) + " |")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------- profiler (ncu)
+NCU_STALL = "smsp__average_warps_issue_stalled_"
+NCU_STALL_END = "_per_issue_active.ratio"
+
+
+def load_ncu() -> dict:
+    """Nsight Compute totals per rung at 4096^3 on the H100 (``python -m kernels_src profile gemm --set all``).
+
+    book/data/bench/h100/gemm_ncu.json has rungs 6-8 and the first builds of rungs 10-11 (no launch bounds,
+    one block per SM); gemm_ncu_bounds.json has rungs 10-11 as registered (launch bounds, two blocks per SM).
+    """
+    base = json.loads((DATA / "bench" / "h100" / "gemm_ncu.json").read_text())
+    final = json.loads((DATA / "bench" / "h100" / "gemm_ncu_bounds.json").read_text())
+    rows = {n: base["variants"][n]["total"] for n in ("hinted", "conflictfree", "dbuf")}
+    for n in ("vec", "warptile"):
+        rows[f"{n}, 1 block/SM"] = base["variants"][n]["total"]
+        rows[n] = final["variants"][n]["total"]
+    return rows
+
+
+def ncu_derived(t: dict) -> dict:
+    """What the chapter reads off one variant's counters."""
+    inst = t["smsp__inst_executed.sum"]
+    ld = t["smsp__sass_inst_executed_op_shared_ld.sum"]
+    st = t["smsp__sass_inst_executed_op_shared_st.sum"]
+    stalls = {k[len(NCU_STALL):-len(NCU_STALL_END)]: v for k, v in t.items()
+              if k.startswith(NCU_STALL) and k.endswith(NCU_STALL_END)}
+    return {
+        "time_ms": t["gpu__time_duration.sum"] / 1e6,
+        "registers": t["launch__registers_per_thread"],
+        "occupancy": t["sm__warps_active.avg.pct_of_peak_sustained_active"],
+        "ffma_share": 100 * t["smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"] / 32 / inst,
+        "issue": t["smsp__issue_active.avg.pct_of_peak_sustained_active"],
+        "fma_pipe": t["sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"],
+        "inst_g": inst / 1e9,
+        "ld_wf_per_inst": t["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"] / ld,
+        "st_wf_per_inst": t["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum"] / st,
+        "ld_conflicts_m": t["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"] / 1e6,
+        "st_conflicts_m": t["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"] / 1e6,
+        "stalls": dict(sorted(stalls.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def ncu_issue_table(rows: dict) -> str:
+    """Issue and stall summary: why a rung runs at the speed it does."""
+    lines = ["| rung | time under ncu | registers | achieved occupancy | instructions issued | FFMA share of them | "
+             "issue slots used | FMA pipe busy | top stall reasons (warps stalled per issued instruction) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for n, t in rows.items():
+        d = ncu_derived(t)
+        top = [(k, v) for k, v in d["stalls"].items() if k != "selected"][:4]
+        lines.append(f"| `{n}` | {d['time_ms']:.2f} ms | {d['registers']} | {d['occupancy']:.0f} % | "
+                     f"{d['inst_g']:.2f} G | {d['ffma_share']:.0f} % | {d['issue']:.0f} % | {d['fma_pipe']:.0f} % | "
+                     + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in top) + " |")
+    return "\n".join(lines)
+
+
+def ncu_shared_table(rows: dict, names=("hinted", "conflictfree", "dbuf", "vec", "warptile")) -> str:
+    """Shared-memory wavefronts and bank conflicts per rung (the counters behind rung 7's claim)."""
+    lines = ["| rung | shared loads: wavefronts per instruction | load bank conflicts (millions) | "
+             "shared stores: wavefronts per instruction | store bank conflicts (millions) |",
+             "|---|---:|---:|---:|---:|"]
+    for n in names:
+        d = ncu_derived(rows[n])
+        lines.append(f"| `{n}` | {d['ld_wf_per_inst']:.2f} | {d['ld_conflicts_m']:,.1f} | {d['st_wf_per_inst']:.2f} | "
+                     f"{d['st_conflicts_m']:,.1f} |")
+    return "\n".join(lines)
