@@ -1660,6 +1660,9 @@ SIG_RMS_BWD_V = ("void(float32[:, ::1], float32[:, :, ::1], float32[:, ::1], flo
 SIG_COLSUM2 = "void(float32[::1], float32[::1], float32[:, :, ::1])"
 
 
+_slots: dict = {}  # (kernel, threads) -> blocks resident on the whole GPU at once
+
+
 def _strips(m, kern, sig, threads):
     """(G, rows per block): one block per resident slot of the GPU (all blocks in one wave, each with
     the same number of rows within one), from the occupancy calculator unless VEC_BWD_BLOCKS_PER_SM is set."""
@@ -1669,10 +1672,13 @@ def _strips(m, kern, sig, threads):
         if VEC_BWD_BLOCKS_PER_SM is not None:
             slots = VEC_BWD_BLOCKS_PER_SM * _num_sms()
         else:
-            try:
-                slots = kern.compile(sig).max_cooperative_grid_blocks(threads)
-            except Exception:  # noqa: BLE001  (an older numba-cuda: assume two blocks per SM)
-                slots = 2 * _num_sms()
+            slots = _slots.get((id(kern), threads))
+            if slots is None:  # asked once per kernel: parsing ``sig`` alone costs ~100 us of host time
+                try:
+                    slots = kern.compile(sig).max_cooperative_grid_blocks(threads)
+                except Exception:  # noqa: BLE001  (an older numba-cuda: assume two blocks per SM)
+                    slots = 2 * _num_sms()
+                _slots[(id(kern), threads)] = slots
         g = max(1, min(m, slots))
     strip = ceil_div(m, g)
     return ceil_div(m, strip), strip
