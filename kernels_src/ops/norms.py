@@ -22,13 +22,20 @@ Ladder (forward; RMSNorm has the same rungs)
   gpu/regs_shfl   rung 3   rung 2 with warp-shuffle reductions, optionally several rows per block (real
                            GPU only); values per thread and rows per block were chosen by measurement
                            (PER_THREAD, ROWS below; book/data/bench/rowwise_explore_gpu.json)
+  gpu/vec4        rung 4   the row in registers with 16-byte loads and stores (kernels_src.vec), mean and
+                           variance as two plain sums over registers; shuffles on a GPU, shared-memory
+                           trees in the simulator; rows of length % 4 != 0 use guarded scalar loads
   gpu/torch       baseline torch.native_layer_norm / rms_norm, then copied into our buffers; the
                            same-run torch-eager timing without the copy is in chapter 7's benchmark
 Backward
   cpu/loop        rung 1   row by row, dgamma/dbeta accumulated across rows
-  gpu/regs        rung 1   kernel 1: blocks own groups of rows, compute dx and keep per-column partial
+  gpu/stream      rung 1   any row length: strips of rows per block, two walks per row, partial
+                           dgamma/dbeta rows in global memory; the register rungs fall back to it
+  gpu/regs        rung 2   kernel 1: blocks own every G-th row, compute dx and keep per-column partial
                            dgamma/dbeta in registers; kernel 2: sums the partials over the blocks
-  gpu/regs_shfl   rung 2   rung 1 with warp-shuffle row sums and twice the blocks per SM (real GPU only)
+  gpu/regs_shfl   rung 3   rung 2 with warp-shuffle row sums and twice the blocks per SM (real GPU only)
+  gpu/vec4        rung 4   strips of consecutive rows, one block per resident slot, 16-byte accesses,
+                           the next row loaded before this one is reduced; a column-sum kernel after
 
 Precision: variance is computed around the mean (two passes over values already in registers), never
 as E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std. float32 kernels still overflow
@@ -1190,8 +1197,8 @@ def layernorm_bwd_gpu(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
 @register("layernorm_bwd", "gpu", "regs_shfl", rung=3, requires=needs_real_gpu,
           ptx=[(_bwd_kernel("ln", 256, 16, True), SIG_LN_BWD), (column_sum_kernel, SIG_COLSUM)])
 def layernorm_bwd_shfl(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
-    """Rung 1 with warp shuffles for the row sums (two barriers per row instead of 9) and 4 blocks per
-    SM instead of 2, so more rows are in flight: predict about twice rung 1's bandwidth."""
+    """`regs` with warp shuffles for the row sums (two barriers per row instead of 9) and 4 blocks per
+    SM instead of 2, so more rows are in flight: predict about twice the bandwidth of `regs`."""
     _ln_bwd(True, dx, dgamma, dbeta, dy, x, mean, rstd, gamma)
 
 
