@@ -1,10 +1,33 @@
-"""Shared by the tests/test_grading_*.py files: the ch01_axpy autograder, generated once per process."""
+"""Shared by the tests/test_grading_*.py files: each exercise's autograder (ch01_axpy by default), generated
+once per process, and the corpora of bad submissions (tests/corpus/<slug>/, one directory per exercise)."""
 import functools
+import json
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "corpus"
+
+
+def corpus_slugs() -> list[str]:
+    """The exercises with a corpus: each directory of tests/corpus/ that holds an expected.json."""
+    return sorted(d.name for d in CORPUS.iterdir() if (d / "expected.json").is_file())
+
+
+@functools.lru_cache(maxsize=None)
+def corpus_expected(slug: str) -> dict:
+    """{case: its expected outcome} from tests/corpus/<slug>/expected.json."""
+    return json.loads((CORPUS / slug / "expected.json").read_text())
+
+
+def corpus_files(slug: str) -> set[str]:
+    """The names of the cases in tests/corpus/<slug>/ (each ``*.py`` or ``*.ipynb`` file)."""
+    return {p.stem for p in (CORPUS / slug).iterdir() if p.suffix in (".py", ".ipynb")}
+
+
+def corpus_cases() -> list[tuple[str, str]]:
+    """Every (slug, case) of every corpus, sorted."""
+    return [(slug, name) for slug in corpus_slugs() for name in sorted(corpus_expected(slug))]
 
 
 @functools.lru_cache(maxsize=None)

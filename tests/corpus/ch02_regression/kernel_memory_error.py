@@ -1,22 +1,24 @@
-# %% q3
+# %% q2
 @cuda.jit
-def block_sum_kernel(out, a, x, y):
+def db_kernel(db, w, b, x, y):
     s = cuda.shared.array(THREADS, float32)
     t = cuda.threadIdx.x
     i = cuda.grid(1)
+    n = x.size
     if t == 5:
         scratch = np.ones(1 << 42, np.float64)  # 32 TB: NumPy raises its MemoryError in this one thread
-    v = float32(0.0)
-    if i < x.size:
-        v = a * x[i] + y[i]
-    s[t] = v
+    r = float32(0.0)
+    if i < n:
+        r = w * x[i] + b - y[i]
+    s[t] = r
     cuda.syncthreads()
     if t == 0:
         acc = float32(0.0)
         for k in range(THREADS):
             acc += s[k]
-        out[cuda.blockIdx.x] = acc
+        cuda.atomic.add(db, 0, float32(2.0) * acc / float32(n))
 
 
-def block_sum_gpu(out, a, x, y):
-    block_sum_kernel[out.size, THREADS](out, a, x, y)
+def db_gpu(db, w, b, x, y):
+    zero_kernel[1, 1](db)
+    db_kernel[ceil_div(x.size, THREADS), THREADS](db, w, b, x, y)
