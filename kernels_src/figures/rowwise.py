@@ -12,7 +12,8 @@ Benchmark driver (run on the GPU machine; writes one JSON per op):
 It runs :func:`kernels_src.bench.bench` for every chapter 6-8 op in ONE process, so all of them share
 the copy-bandwidth yardstick measured at the start, and it adds a ``torch_eager`` baseline row for
 softmax, LayerNorm and RMSNorm (and ``torch_compile``, torch.compile of the same call), and a
-``torch_eager`` row for the softmax backward, the exact GELU and its backward, and bias + GELU: torch called
+``torch_eager`` row for the softmax backward, the exact GELU and its backward, bias + GELU, and the LayerNorm
+and RMSNorm backward (``torch.autograd.grad`` through ``F.layer_norm``/``F.rms_norm``): torch called
 as a user calls it (its own output allocation), timed with the same CUDA-event harness.
 
 ``profile`` runs ONE process under Nsight Compute for a whole plan of (op, size, variants), with a marker
@@ -36,7 +37,8 @@ CH7 = ["reduce_sum", "reduce_max", "layernorm", "layernorm_bwd", "rmsnorm", "rms
 CH8 = ["softmax", "softmax_bwd"]
 ALL_OPS = CH6 + CH7 + CH8
 EAGER = {"softmax": "softmax", "layernorm": "norms", "rmsnorm": "norms", "softmax_bwd": "softmax",
-         "gelu": "activations", "gelu_bwd": "activations", "bias_gelu": "activations"}
+         "gelu": "activations", "gelu_bwd": "activations", "bias_gelu": "activations",
+         "layernorm_bwd": "norms", "rmsnorm_bwd": "norms"}
 COMPILED = ("softmax", "layernorm", "rmsnorm")  # ops that also get a torch.compile row
 TARGET_SIZE = (16384, 4096)
 
@@ -65,7 +67,8 @@ def _eager_fn(op_name):
 
     return {"softmax": softmax.eager_torch, "layernorm": norms.eager_layernorm,
             "rmsnorm": norms.eager_rmsnorm, "softmax_bwd": softmax.eager_torch_bwd, "gelu": _eager_gelu,
-            "gelu_bwd": _eager_gelu_bwd, "bias_gelu": _eager_bias_gelu}[op_name]
+            "gelu_bwd": _eager_gelu_bwd, "bias_gelu": _eager_bias_gelu,
+            "layernorm_bwd": norms.eager_bwd("layernorm"), "rmsnorm_bwd": norms.eager_bwd("rmsnorm")}[op_name]
 
 
 def eager_rows(op, sizes, dtype="float32", repeat=20, compiled: bool = True) -> list[dict]:

@@ -985,6 +985,32 @@ def eager_rmsnorm(x, gamma):
     return torch.nn.functional.rms_norm(x, (x.shape[1],), gamma, EPS)
 
 
+def eager_bwd(kind: str):
+    """torch's backward as a user gets it: ``torch.autograd.grad`` through ``F.layer_norm`` (``kind`` =
+    "layernorm") or ``F.rms_norm``, allocating dx, dgamma (and dbeta). The forward runs once per input set
+    (graph kept), so each call times only the backward kernels autograd launches. Called with the inputs of
+    layernorm_bwd (dy, x, mean, rstd, gamma) or rmsnorm_bwd (dy, x, rstd, gamma)."""
+    import torch
+
+    F = torch.nn.functional
+    graphs = {}
+
+    def run(dy, x, *rest):
+        key = (dy.data_ptr(), x.data_ptr())
+        if key not in graphs:
+            xs = x.detach().clone().requires_grad_(True)
+            g = rest[-1].detach().clone().requires_grad_(True)
+            if kind == "layernorm":
+                b = torch.zeros_like(g, requires_grad=True)
+                graphs[key] = (F.layer_norm(xs, (x.shape[1],), g, b, EPS), (xs, g, b))
+            else:
+                graphs[key] = (F.rms_norm(xs, (x.shape[1],), g, EPS), (xs, g))
+        y, leaves = graphs[key]
+        return torch.autograd.grad(y, leaves, dy, retain_graph=True)
+
+    return run
+
+
 # ---------------------------------------------------------------------------------- GPU: backward
 def make_ln_bwd_kernel(threads, items, shuffle=False):
     nbuf = 32 if shuffle else threads

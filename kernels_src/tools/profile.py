@@ -240,9 +240,11 @@ def table(result: dict, columns=None, variants=None, scale=None) -> str:
 
 
 def stall_breakdown(result: dict, variant: str, top: int = 5) -> list[tuple[str, float]]:
-    """The ``top`` stall reasons of a variant (warps stalled per issued instruction), largest first."""
+    """The ``top`` stall reasons of a variant (warps stalled per issued instruction), largest first.
+    "selected" (the warp that issued) is not a stall and is left out."""
     t = result["variants"][variant]["total"]
-    pairs = [(r, t[STALL_PREFIX + r + STALL_SUFFIX]) for r in STALL_REASONS if STALL_PREFIX + r + STALL_SUFFIX in t]
+    pairs = [(r, t[STALL_PREFIX + r + STALL_SUFFIX]) for r in STALL_REASONS
+             if r != "selected" and STALL_PREFIX + r + STALL_SUFFIX in t]
     return sorted(pairs, key=lambda p: -p[1])[:top]
 
 
