@@ -164,6 +164,9 @@ def test_page(page, site_url, browser):
 
         context.route("**/*", route)
         p = context.new_page()
+        # Generous limits: a loaded 2-core CI machine has taken over 30 s (Playwright's default) to reach
+        # "networkidle" on the longest chapters; a page that never settles still fails, after 2 minutes.
+        p.set_default_timeout(120_000)
         p.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text} @ {m.location}"))
         p.on("pageerror", lambda e: problems.append(f"page error: {e}"))
         p.on("requestfailed", lambda r: urlsplit(r.url).hostname == "127.0.0.1"
@@ -172,7 +175,7 @@ def test_page(page, site_url, browser):
 
         p.goto(f"{site_url}/{page}", wait_until="load")
         try:
-            p.wait_for_function(_WAIT_RENDERED, timeout=20_000)
+            p.wait_for_function(_WAIT_RENDERED, timeout=60_000)
         except Exception:  # reported in detail below
             pass
         p.wait_for_load_state("networkidle")
