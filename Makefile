@@ -68,7 +68,9 @@ bench: $(STAMP)
 	$(BIN)/python -m kernels_src.benchall --out _build/bench
 
 lock: $(STAMP)
-	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^kernels' > requirements.lock.new
+	@# --all: setuptools and wheel too (a 3.11 venv ships them, so plain freeze hides them; from 3.12 on
+	@# the venv has none and pip would take the newest).
+	$(BIN)/python -m pip freeze --all --exclude-editable | grep -v -e '^kernels' -e '^pip==' > requirements.lock.new
 	@echo "wrote requirements.lock.new; review and move it over requirements.lock"
 
 clean:
