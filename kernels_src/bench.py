@@ -182,7 +182,7 @@ def datasheet(name: str | None = None) -> dict | None:
 
 
 def _parallel_copy():
-    from numba import njit, prange
+    from .compiler import njit, prange
 
     @njit(parallel=True, cache=True)
     def copy(dst, src):
@@ -232,18 +232,17 @@ def _cublas_rate(n: int, tensor_cores: bool = False) -> dict:
 
 # ----------------------------------------------------------------------------------------- bench
 def environment() -> dict:
-    import numba
+    from importlib import metadata
 
-    versions = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__}
-    for mod in ("numba_cuda", "torch", "cupy"):
-        m = sys.modules.get(mod)
-        if m is None and mod == "numba_cuda":
-            try:
-                import numba_cuda as m  # noqa: F811
-            except ImportError:
-                m = None
-        if m is not None:
-            versions[mod] = getattr(m, "__version__", "?")
+    from . import compiler
+
+    versions = {"python": platform.python_version(), "numpy": np.__version__,
+                "compiler": f"{compiler.NAME} {compiler.version()}"}
+    for dist in ("numba", "numba-cuda", "numba-cuda-mlir", "torch", "cupy"):
+        try:
+            versions[dist.replace("-", "_")] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
     return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "cpu": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "device": device.describe(), "versions": versions,

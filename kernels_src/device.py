@@ -82,7 +82,7 @@ MODE, REASON = _select()
 SIMULATED = MODE in ("sim", "cpu")  # numba.cuda is the simulator
 GPU_VARIANTS_RUN = MODE in ("gpu", "sim")  # GPU variants are executed (really or simulated)
 
-from numba import cuda  # noqa: E402  (must follow the selection above)
+from .compiler import cuda  # noqa: E402  (the one door to the compiler; must follow the selection above)
 
 
 

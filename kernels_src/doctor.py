@@ -33,6 +33,9 @@ def doctor() -> int:
     ok, why = device.probe_gpu()
     print(f"GPU           {'yes: ' if ok else 'no: '}{why}")
     print(f"kernels mode  {device.MODE} ({device.REASON})")
+    from . import compiler
+
+    print(f"compiler      {compiler.NAME} {compiler.version()} ({compiler.REASON}): {compiler.TRADE_OFFS[compiler.NAME if compiler.NAME != 'numba-cuda-mlir' else 'mlir']}")
     if device.MODE == "gpu":
         info = device.describe()
         print(f"device        {info['name']}, compute capability {info['compute_capability']}, "

@@ -30,3 +30,32 @@ def test_no_module_is_named_after_a_chapter():
 
     bad = [str(p.relative_to(ROOT)) for p in (ROOT / "kernels_src").rglob("*.py") if re.search(r"ch\d", p.stem)]
     assert not bad, f"modules named by chapter number: {bad}"
+
+
+# Modules that may name numba: the door itself, the device choice and simulator fixes it relies on, and the
+# grader, which inspects compiled code (object mode, the dispatcher's overloads) rather than compiling kernels.
+_DOOR = ("compiler/", "device.py", "simulator.py", "grading/")
+
+
+def test_every_kernel_module_goes_through_the_compiler_door():
+    """No module of the library imports numba (numba.cuda, numba's types, njit) except through
+    kernels_src.compiler: one place decides which compiler builds the course's kernels (numba-cuda or its
+    successor numba-cuda-mlir), so switching it cannot miss a module."""
+    pkg = ROOT / "kernels_src"
+    bad = {}
+    for p in sorted(pkg.rglob("*.py")):
+        rel = p.relative_to(pkg).as_posix()
+        if rel.startswith(_DOOR):
+            continue
+        found = [m for m in _imports(p) if m.split(".")[0] in ("numba", "numba_cuda", "numba_cuda_mlir")]
+        if found:
+            bad[rel] = found
+    assert not bad, ("modules that import numba around kernels_src.compiler (import cuda, the scalar types, "
+                     f"njit/prange and the intrinsics from kernels_src.compiler instead): {bad}")
+
+
+def test_the_door_test_can_fail(tmp_path):
+    """The door test reads imports from the syntax tree: an import inside a function is seen too."""
+    f = tmp_path / "k.py"
+    f.write_text("def f():\n    from numba import cuda\n    import numba.core.types as t\n")
+    assert [m for m in _imports(f) if m.startswith("numba")] == ["numba", "numba.core.types"]

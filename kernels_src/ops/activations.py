@@ -39,14 +39,13 @@ and one template kernel per arity turns a scalar function into an elementwise ke
 import math
 
 import numpy as np
-from numba import float32, njit, vectorize
+from ..compiler import cuda, float32, load4, njit, store4, vectorize
 
 from .. import device
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import EDGE_INPUTS
 from ..registry import sprinkle as _sprinkle
 from ..registry import define_op, register
-from ..vec import load4, store4
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)

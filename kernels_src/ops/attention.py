@@ -73,11 +73,11 @@ import os
 from pathlib import Path
 
 import numpy as np
-from numba import float32, njit, prange
+from ..compiler import cuda, float32, njit, prange
 
 from ..paths import BENCH_DATA
 from .. import device
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import define_op, register
 from .reductions import FAST_MATH, NEG_INF, ONE, ZERO, block_max_smem, block_sum_smem, torch_gpu, torch_view
 from .softmax import block_online_smem

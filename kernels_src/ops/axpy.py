@@ -12,9 +12,9 @@ Ladder
   gpu/stride    rung 2    a fixed grid that strides over the array: fewer, longer-lived threads
 """
 import numpy as np
-from numba import njit, prange
+from ..compiler import cuda, njit, prange
 
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import define_op, register
 
 

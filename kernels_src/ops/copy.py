@@ -21,12 +21,11 @@ Ladder
   cpu/prange       rung 1    a ``prange`` loop over every core
 """
 import numpy as np
-from numba import njit, prange
+from ..compiler import cuda, load4, njit, prange, store4
 
 from .. import device
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import define_op, register
-from ..vec import load4, store4
 from .reductions import torch_gpu, torch_view
 
 

@@ -29,9 +29,8 @@ not ignored (the target's probability is 0) and a zero gradient.
 import math
 
 import numpy as np
-from numba import float32, njit, prange
+from ..compiler import cuda, float32, njit, prange
 
-from ..device import cuda
 from ..registry import define_op, register, sprinkle
 from .reductions import FAST_MATH, NEG_INF, ONE, ZERO
 from .softmax import block_online_smem

@@ -32,11 +32,11 @@ Caches of 1024 rows or more are full (the benchmark counts every row); shorter o
 import math
 
 import numpy as np
-from numba import float32, njit, prange
+from ..compiler import cuda, float32, njit, prange
 
 from ..paths import BENCH_DATA
 from .. import device
-from ..device import cuda, ceil_div, needs_real_gpu
+from ..device import ceil_div, needs_real_gpu
 from ..registry import define_op, register
 from .reductions import FAST_MATH, NEG_INF, ZERO, torch_gpu, torch_view
 
@@ -446,7 +446,7 @@ def n_splits(b_n, hkv, l_max, target_blocks=None):
     """How many chunks: enough (b, kv head, chunk) blocks to fill the GPU ~4 times over, each chunk a
     whole number of tiles."""
     if target_blocks is None:
-        target_blocks = 32 if device.SIMULATED else 4 * device.cuda.get_current_device().MULTIPROCESSOR_COUNT
+        target_blocks = 32 if device.SIMULATED else 4 * cuda.get_current_device().MULTIPROCESSOR_COUNT
     s = max(1, min(ceil_div(l_max, TILE), ceil_div(target_blocks, max(1, b_n * hkv))))
     chunk = ceil_div(ceil_div(l_max, s), TILE) * TILE
     return ceil_div(l_max, chunk), chunk

@@ -26,9 +26,9 @@ walks the tokens in order, so no two writers meet and there are no atomics.
 import math
 
 import numpy as np
-from numba import njit, prange
+from ..compiler import cuda, njit, prange
 
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import define_op, register
 
 THREADS = 256

@@ -25,10 +25,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import float32
+from ..compiler import cuda, float32
 
 from .. import device
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import define_op, register
 from ..registry import sprinkle as _sprinkle
 from . import gemm

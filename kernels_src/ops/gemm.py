@@ -36,12 +36,11 @@ stays in registers.
 from __future__ import annotations
 
 import numpy as np
-from numba import float32, njit, prange
+from ..compiler import cuda, float32, load4, njit, prange, store4
 
 from .. import device
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import define_op, register
-from ..vec import load4, store4
 
 ITEM = 4  # bytes per float32
 

@@ -36,11 +36,10 @@ launches 32 times more threads: they isolate parallelism.
 import math
 
 import numpy as np
-from numba import float32, get_num_threads, njit, prange
+from ..compiler import cuda, float32, get_num_threads, load4, njit, prange
 
-from ..device import ceil_div, cuda, needs_real_gpu
+from ..device import ceil_div, needs_real_gpu
 from ..registry import define_op, register
-from ..vec import load4
 from .reductions import torch_gpu, torch_view
 
 EPS32 = float(np.finfo(np.float32).eps)

@@ -26,9 +26,9 @@ linear_bwd_db
 import math
 
 import numpy as np
-from numba import njit, prange
+from ..compiler import cuda, njit, prange
 
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import EDGE_INPUTS
 from ..registry import sprinkle as _sprinkle
 from ..registry import define_op, register

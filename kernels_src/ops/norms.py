@@ -44,13 +44,12 @@ when x^2 does (|x| > ~1.8e19); the reference, in float64, does not.
 import math
 
 import numpy as np
-from numba import float32, njit, prange
+from ..compiler import cuda, float32, load4, njit, prange, store4
 
 from .. import device
-from ..device import ceil_div, cuda, needs_real_gpu
+from ..device import ceil_div, needs_real_gpu
 from ..registry import EDGE_INPUTS
 from ..registry import define_op, register
-from ..vec import load4, store4
 from .reductions import (FAST_MATH, row_jit, ONE, ZERO, torch_view, next_pow2, block_sum2_shfl, block_sum2_smem, block_sum_shfl,
                          block_sum_smem, block_welford_smem, row_config, row_threads_streaming, torch_gpu,
                          warp_sum, warp_welford)
@@ -607,7 +606,7 @@ PTX_STREAM = 256
 
 
 def _num_sms() -> int:
-    return device.cuda.get_current_device().MULTIPROCESSOR_COUNT
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
 def _regs_launch(kind, stream_kind, shuffle, out_args, x, in_args):

@@ -69,10 +69,10 @@ import functools
 import math
 
 import numpy as np
-from numba import float32, njit, prange
+from ..compiler import cuda, float32, njit, prange
 
 from ..paths import BENCH_DATA
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import define_op, register
 
 THREADS = 256  # block size of every elementwise kernel here

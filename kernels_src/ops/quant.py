@@ -46,11 +46,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import float32, float64, int32, njit, prange
+from ..compiler import cuda, float32, float64, int32, njit, prange
 
 from ..paths import BENCH_DATA
 from .. import device
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import define_op, register
 
 QK = 32  # weights per block, both formats
@@ -632,19 +632,7 @@ for _f in FORMATS:
 # Bit-exact float32 steps on the GPU: NVVM contracts a multiply followed by an add into one fused
 # multiply-add (one rounding instead of two), which changes GGML's x*id + 8.5f in rare cases. libdevice's
 # __nv_fmul_rn / __nv_fadd_rn are never contracted. The simulator has no libdevice: plain float32 there.
-if device.SIMULATED or device.MODE == "cpu":
-    def int_as_float(i):
-        return np.array([i], dtype=np.int64).astype(np.int32).view(np.float32)[0]
-
-    def fmul_rn(a, b):
-        return float32(float32(a) * float32(b))
-
-    def fadd_rn(a, b):
-        return float32(float32(a) + float32(b))
-else:
-    from numba.cuda import libdevice
-
-    fmul_rn, fadd_rn, int_as_float = libdevice.fmul_rn, libdevice.fadd_rn, libdevice.int_as_float
+from ..compiler import fadd_rn, fmul_rn, int_as_float  # noqa: E402  (plain float32 in the simulator)
 
 # Small integers to float without the int-to-float instruction (a quarter-rate one on the H100): the bits
 # 0x4B000000 | u are the float 2^23 + u for 0 <= u < 2^23, so one OR and one subtraction give u exactly.

@@ -26,10 +26,10 @@ tree; blockDim.x a power of two), ``warp_sum``, ``warp_max``, ``block_sum_shfl``
 import math
 
 import numpy as np
-from numba import float32, njit
+from ..compiler import cuda, fastmath, float32, njit
 
 from .. import device
-from ..device import ceil_div, cuda, needs_real_gpu
+from ..device import ceil_div, needs_real_gpu
 from ..registry import define_op, register, sprinkle
 
 NEG_INF = np.float32(-np.inf)
@@ -37,7 +37,7 @@ ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 FULL_MASK = 0xFFFFFFFF
 EPS32 = float(np.finfo(np.float32).eps)
-FAST_MATH = {"contract", "afn", "arcp", "nsz", "reassoc"}  # fastmath without "ninf"/"nnan": -inf must survive
+FAST_MATH = fastmath({"contract", "afn", "arcp", "nsz", "reassoc"})  # fastmath without "ninf"/"nnan": -inf must survive
 
 
 def row_jit(threads: int, fast: bool = True):

@@ -11,9 +11,9 @@ Ladder (elementwise ops have a short one)
   gpu/thread   rung 1  one thread per element on a 2D grid of 16 x 16 blocks, bounds-guarded
 """
 import numpy as np
-from numba import njit
+from ..compiler import cuda, njit
 
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import define_op, register, sprinkle
 
 

@@ -38,10 +38,10 @@ thread reads it).
 import math
 
 import numpy as np
-from numba import float32, njit, prange
+from ..compiler import cuda, float32, njit, prange
 
 from .. import device
-from ..device import cuda, ceil_div
+from ..device import ceil_div
 from ..registry import define_op, register
 from .reductions import FAST_MATH, torch_gpu, torch_view
 

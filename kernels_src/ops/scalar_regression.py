@@ -25,9 +25,9 @@ Ladder
 import math
 
 import numpy as np
-from numba import njit, prange
+from ..compiler import cuda, njit, prange
 
-from ..device import ceil_div, cuda
+from ..device import ceil_div
 from ..registry import exercise_op
 from ..registry import sprinkle as _sprinkle
 from ..registry import define_op, register

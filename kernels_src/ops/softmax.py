@@ -39,12 +39,11 @@ chapter 8 and by tests/test_ch08_softmax.py.
 import math
 
 import numpy as np
-from numba import float32, njit, prange
+from ..compiler import cuda, float32, load4, njit, prange, store4
 
-from ..device import cuda, needs_real_gpu
+from ..device import needs_real_gpu
 from ..registry import EDGE_INPUTS
 from ..registry import define_op, register
-from ..vec import load4, store4
 from .reductions import (FAST_MATH, row_jit, NEG_INF, ONE, ZERO, torch_view, block_max_smem, block_sum_smem, row_config,
                          row_threads_streaming, torch_gpu, block_sum_shfl, next_pow2, ROW_MAX_ITEMS)
 from ..device import ceil_div

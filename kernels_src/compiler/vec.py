@@ -17,7 +17,7 @@ four elements.
 """
 from __future__ import annotations
 
-from . import device
+from .. import device
 
 if device.SIMULATED:
 

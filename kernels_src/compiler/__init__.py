@@ -1,0 +1,145 @@
+"""The one door to the compiler: every name a kernel takes from Numba comes from here.
+
+Kernel modules (``kernels_src/ops``, ``kernels_src/model``, ``kernels_src/runtime``) import ``cuda``, the scalar
+types they use inside kernels (``float32``, ``int32``, ...), the CPU compiler (``njit``, ``prange``), the
+libdevice functions and the course's intrinsics (``load4``/``store4``) from this package, never from ``numba``
+directly. ``tests/test_layout.py`` fails on a kernel module that goes around it. With one door, the compiler
+under the course can change in one place:
+
+    KERNELS_COMPILER=numba-cuda   (default) NVIDIA's numba-cuda package: the real GPU, PTX without a GPU, and
+                                  the CUDA simulator
+    KERNELS_COMPILER=mlir         numba-cuda-mlir, numba-cuda's successor (optional: ``pip install
+                                  numba-cuda-mlir``); real GPU only. The simulator and the CPU path stay on
+                                  numba-cuda/numba.
+
+Where the course runs (real GPU, simulator, CPU) is chosen first, by :mod:`kernels_src.device`, because numba
+reads ``NUMBA_ENABLE_CUDASIM`` only when ``numba.cuda`` is first imported. ``numba.cuda`` is either the
+``numba-cuda`` package or, where that cannot be installed (macOS), numba's own built-in CUDA target, whose
+simulator runs the course's kernels the same way. :data:`NAME` says which.
+
+What each compiler gives up is in :data:`TRADE_OFFS`; ``kernels doctor`` prints it.
+"""
+from __future__ import annotations
+
+import os
+
+from .. import device as _device  # chooses gpu / sim / cpu / ptx before numba.cuda is imported
+
+# ------------------------------------------------------------------------------------------ which compiler
+COMPILERS = ("numba-cuda", "mlir")
+TRADE_OFFS = {
+    "numba-cuda": "NVIDIA's numba-cuda (maintenance mode: fixes only, no NumPy 2.5); every feature the course "
+                  "uses: simulator, PTX without a GPU, 16-byte loads, inline PTX",
+    "mlir": "numba-cuda-mlir, the successor: real GPU only (no simulator, no inline PTX in 0.6); torch tensors "
+            "are not accepted as kernel arguments",
+    "numba-builtin": "numba's own built-in numba.cuda (no numba-cuda package, as on macOS): the CUDA simulator "
+                     "and the CPU kernels run; no real GPU, no PTX check",
+}
+
+
+def _wanted() -> str:
+    w = os.environ.get("KERNELS_COMPILER", "numba-cuda").strip().lower() or "numba-cuda"
+    w = {"numba_cuda": "numba-cuda", "numba-cuda-mlir": "mlir", "numba_cuda_mlir": "mlir"}.get(w, w)
+    if w not in COMPILERS:
+        raise ValueError(f"KERNELS_COMPILER={w!r} is not one of {', '.join(COMPILERS)}")
+    return w
+
+
+def _numba_cuda_is_package() -> bool:
+    """True when ``numba.cuda`` comes from the numba-cuda package, False for numba's built-in target."""
+    from importlib import metadata
+
+    try:
+        metadata.version("numba-cuda")
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+WANTED = _wanted()
+USE_MLIR = WANTED == "mlir" and _device.MODE in ("gpu", "ptx")
+if WANTED == "mlir" and not USE_MLIR:
+    REASON = f"KERNELS_COMPILER=mlir, but GPU kernels run in the {_device.MODE} mode, which stays on numba-cuda"
+else:
+    REASON = f"KERNELS_COMPILER={WANTED}" if "KERNELS_COMPILER" in os.environ else "the default"
+
+# --------------------------------------------------------------------------------- the CPU compiler (numba)
+from numba import get_num_threads, njit, prange, typeof, vectorize  # noqa: E402
+
+# ---------------------------------------------------------------------------- the CUDA compiler and its types
+if USE_MLIR:
+    try:
+        from numba_cuda_mlir import cuda  # type: ignore[import-not-found]
+        from numba_cuda_mlir.numba_cuda import types as _types  # type: ignore[import-not-found]
+    except ImportError as e:  # pragma: no cover  (needs the optional package)
+        raise ImportError("KERNELS_COMPILER=mlir needs numba-cuda-mlir: pip install numba-cuda-mlir "
+                          f"(it was not importable: {e})") from e
+    NAME = "numba-cuda-mlir"
+else:
+    from numba import cuda  # noqa: E402
+    from numba.core import types as _types  # noqa: E402
+
+    NAME = "numba-cuda" if _numba_cuda_is_package() else "numba-builtin"
+
+
+def version() -> str:
+    from importlib import metadata
+
+    pkg = {"numba-cuda-mlir": "numba-cuda-mlir", "numba-cuda": "numba-cuda", "numba-builtin": "numba"}[NAME]
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:  # pragma: no cover
+        return "unknown"
+
+
+# Scalar types for use inside kernels (shared-array dtypes, casts, signatures). Under numba-cuda these are
+# numba's own, which the CPU compiler also takes; under numba-cuda-mlir they are the successor's, and CPU
+# (@njit) code must use NumPy's scalars (np.float32) instead.
+float16 = getattr(_types, "float16", None)
+float32 = _types.float32
+float64 = _types.float64
+int8, int16, int32, int64 = _types.int8, _types.int16, _types.int32, _types.int64
+uint8, uint16, uint32, uint64 = _types.uint8, _types.uint16, _types.uint32, _types.uint64
+boolean = _types.boolean
+void = _types.void
+types = _types
+
+
+def fastmath(flags):
+    """A ``fastmath=`` value this compiler accepts: numba-cuda takes a set of LLVM flags ({"contract", "afn",
+    ...}); numba-cuda-mlir takes a bool only, so a flag set becomes False there (exact IEEE math, never a
+    silent relaxation of a kernel that needs ``-inf`` or NaN to survive)."""
+    if USE_MLIR and not isinstance(flags, bool):
+        return False
+    return flags
+
+
+# ------------------------------------------------------------------------------------------------ libdevice
+# Correctly rounded float32 multiply and add that the compiler never contracts into an FMA, and a bit cast.
+if _device.SIMULATED:
+    import numpy as _np
+
+    def int_as_float(i):
+        return _np.array([i], dtype=_np.int64).astype(_np.int32).view(_np.float32)[0]
+
+    def fmul_rn(a, b):
+        return _np.float32(_np.float32(a) * _np.float32(b))
+
+    def fadd_rn(a, b):
+        return _np.float32(_np.float32(a) + _np.float32(b))
+elif USE_MLIR:
+    from numba_cuda_mlir.numba_cuda import libdevice as _libdevice  # type: ignore[import-not-found]
+
+    fmul_rn, fadd_rn, int_as_float = _libdevice.fmul_rn, _libdevice.fadd_rn, _libdevice.int_as_float
+else:
+    from numba.cuda import libdevice as _libdevice
+
+    fmul_rn, fadd_rn, int_as_float = _libdevice.fmul_rn, _libdevice.fadd_rn, _libdevice.int_as_float
+
+# ------------------------------------------------------------------------------------ the course's intrinsics
+from .vec import load4, store4  # noqa: E402
+
+__all__ = ["NAME", "REASON", "TRADE_OFFS", "USE_MLIR", "version", "cuda", "njit", "prange", "vectorize",
+           "get_num_threads", "typeof", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
+           "uint8", "uint16", "uint32", "uint64", "boolean", "void", "types", "fastmath", "fmul_rn", "fadd_rn",
+           "int_as_float", "load4", "store4"]
