@@ -159,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .tools import profile
 
     profile.add_parser(sub)
+    from .tools import launchcost, stepprofile
+
+    launchcost.add_parser(sub)
+    stepprofile.add_parser(sub)
     for extra in EXTRA_COMMANDS:
         extra(sub)
     return p

@@ -91,7 +91,7 @@ def decode_step(model, pos=POS, qweights=None):
 
 
 # ------------------------------------------------------------------------------------------ torch
-def torch_model(cfg, params):
+def torch_model(cfg, params, host_logits=True):
     import torch
     import torch.nn.functional as F
 
@@ -139,7 +139,8 @@ def torch_model(cfg, params):
                 x = x + o.reshape(1, C) @ P[f"h{i}.wo"]
                 h = F.rms_norm(x, (C,), P[f"h{i}.g2"], eps=1e-5)
                 x = x + F.gelu(h @ P[f"h{i}.wfc"]) @ P[f"h{i}.wproj"]
-            return (F.rms_norm(x, (C,), P["gf"], eps=1e-5) @ P["wte"].T).cpu()
+            logits = F.rms_norm(x, (C,), P["gf"], eps=1e-5) @ P["wte"].T
+            return logits.cpu() if host_logits else logits   # on the device: capturable in a CUDA graph
 
     return P, forward, decode
 
@@ -209,6 +210,76 @@ def training(cfg, steps=300, seconds=30.0):
     return hist
 
 
+# ------------------------------------------------------------------------------ decode through the runtime
+LARGE = dict(vocab=data.VOCAB, ctx=1024, width=768, heads=12, layers=12)
+
+
+def decode_compare(cfg, pos, reps=50, compile_torch=True) -> dict:
+    """Batch-1 decode tokens/s at position pos: the course model (fp32, Q8_0, Q4_0) launched eagerly, as a
+    launch plan and as a CUDA graph (kernels_src.runtime), against torch eager, torch.compile and torch
+    replayed in a CUDA graph. Every step ends with the logits on the host. Medians of reps steps."""
+    import torch
+
+    from ..tools.stepprofile import torch_graph_decode
+
+    params = init_params(cfg, 0)
+    model = GPT(cfg, params, "gpu")
+    out = {"config": cfg.__dict__, "pos": pos, "reps": reps, "course": {}, "torch": {"version": torch.__version__}}
+    ref_logits = None
+    for fmt in ("fp32", "q8_0", "q4_0"):
+        qw = None if fmt == "fp32" else model.quantize(fmt)[0]
+        for mode in ("eager", "plan", "graph"):
+            cache = model.new_cache()
+            dec = model.decoder(cache, qw, mode=mode)
+            first = dec.step([3], pos)
+            t = _median_time(lambda: dec.step([3], pos), reps=reps, warm=3)
+            again = dec.step([3], pos)
+            e = {"median_s": t, "tokens_per_s": 1.0 / t, "mode": dec.describe(),
+                 "replay_equals_first": bool(np.array_equal(first, again))}
+            if mode == "eager":
+                ref_logits = again
+            else:
+                e["max_abs_vs_eager"] = float(np.abs(again - ref_logits).max())
+            out["course"][f"{fmt}_{mode}"] = e
+            print(f"decode {fmt:5s} {mode:6s} {1e6 * t:9.1f} us  {1 / t:9.0f} tok/s", flush=True)
+    _P, _fwd, decode = torch_model(cfg, params)
+    H, D = cfg.heads, cfg.head_dim
+    cache = [(torch.zeros(1, H, cfg.ctx, D, device="cuda"), torch.zeros(1, H, cfg.ctx, D, device="cuda"))
+             for _ in range(cfg.layers)]
+    tok = torch.tensor([3], device="cuda")
+    t = _median_time(lambda: decode(tok, pos, cache), reps=reps, warm=3)
+    out["torch"]["eager"] = {"median_s": t, "tokens_per_s": 1.0 / t}
+    print(f"torch eager {1e6 * t:9.1f} us", flush=True)
+    _g, run = torch_graph_decode(cfg, params, pos)
+    t = _median_time(run, reps=reps, warm=3)
+    out["torch"]["graph"] = {"median_s": t, "tokens_per_s": 1.0 / t}
+    print(f"torch graph {1e6 * t:9.1f} us", flush=True)
+    if compile_torch:
+        try:
+            t0 = time.perf_counter()
+            cdec = torch.compile(decode, dynamic=False)
+            for _ in range(3):
+                cdec(tok, pos, cache)
+            comp_s = time.perf_counter() - t0
+            t = _median_time(lambda: cdec(tok, pos, cache), reps=reps, warm=3)
+            out["torch"]["compile"] = {"median_s": t, "tokens_per_s": 1.0 / t, "compile_s": comp_s}
+            print(f"torch compile {1e6 * t:9.1f} us", flush=True)
+        except Exception as e:  # report, keep the rest
+            out["torch"]["compile"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    return out
+
+
+def decode_main(path, configs=("bench", "large"), reps=50, compile_torch=True):
+    """python -m kernels_src.model.bench --decode OUT.json [--config bench|large] [--no-compile]"""
+    res = {"device": device.describe(), "configs": {}}
+    for name in configs:
+        cfg = Config(**(BENCH if name == "bench" else LARGE))
+        res["configs"][name] = decode_compare(cfg, POS if name == "bench" else cfg.ctx // 2, reps, compile_torch)
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1, default=float)
+    return res
+
+
 def main(path, quick=False):
     res = {"device": device.describe(), "bench_config": BENCH, "batch": BATCH, "decode_pos": POS, "stages": {}}
 
@@ -252,4 +323,10 @@ def main(path, quick=False):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], quick="--quick" in sys.argv)
+    if "--decode" in sys.argv:
+        argv = [a for a in sys.argv[1:] if not a.startswith("--")]
+        cfgs = [sys.argv[sys.argv.index("--config") + 1]] if "--config" in sys.argv else ["bench", "large"]
+        argv = [a for a in argv if a not in cfgs]
+        decode_main(argv[0], cfgs, compile_torch="--no-compile" not in sys.argv)
+    else:
+        main(sys.argv[1], quick="--quick" in sys.argv)

@@ -304,13 +304,47 @@ class GPT:
     def decode_step(self, tok, pos, cache, qweights=None):
         """One token per sequence: tok (B,) int at position pos (an int), KV cache from new_cache().
         Returns logits (B,V) on the host. With qweights (from quantize()), every matrix-vector product
-        runs on packed Q8_0/Q4_0 weights (batch 1)."""
-        cfg, be, p = self.cfg, self.be, self.p
+        runs on packed Q8_0/Q4_0 weights (batch 1).
+
+        The step reads the token, the position and the cache length from one static device buffer
+        (``dec.state``, written here with one copy), and every kernel writes static buffers: the launches
+        of _decode_launches are the same from step to step, which is what lets decoder() replay them as a
+        launch plan or a CUDA graph."""
         B = len(tok)
+        self._write_state(tok, pos, B)
+        self._decode_launches(B, cache, qweights)
+        return self.be.host(self.be.ws("dec.logits", (B, self.cfg.vocab)))
+
+    def _write_state(self, tok, pos, B):
+        """dec.state (3,B) int32 on the device: row 0 the tokens, row 1 the position, row 2 the cache length."""
+        st = np.empty((3, B), np.int32)
+        st[0], st[1], st[2] = np.asarray(tok, np.int32), pos, pos + 1
+        state = self.be.ws("dec.state", (3, B), np.int32)
+        if self.be.gpu:
+            state.copy_to_device(st)
+        else:
+            state[...] = st
+        return state
+
+    def _qtable(self, qweights):
+        """The token table of packed weights, dequantized once on the device (V,C): the embedding of a
+        token is then the same row the packed table dequantizes to (llama.cpp's get_rows), read without
+        any host-side indexing."""
+        fmt, packed = qweights
+        key = ("dec.qtable", fmt, id(packed["wte"]))
+        t = self.be._ws.get(key)
+        if t is None:
+            t = self.be._ws[key] = self.be.empty((self.cfg.vocab, self.cfg.width))
+            self.be(f"{fmt}_dequantize", t, packed["wte"])
+        return t
+
+    def _decode_launches(self, B, cache, qweights=None):
+        """The kernels of one decode step, on static buffers only (no copies, no allocations after the
+        first call): tokens, position and cache length come from dec.state, logits go to dec.logits."""
+        cfg, be, p = self.cfg, self.be, self.p
         C, H, D, F, V = cfg.width, cfg.heads, cfg.head_dim, cfg.mlp * cfg.width, cfg.vocab
-        ids = be.asarray(np.asarray(tok, np.int32))
-        start = be.asarray(np.full(B, pos, np.int32))
-        lengths = be.asarray(np.full(B, pos + 1, np.int32))
+        state = be.ws("dec.state", (3, B), np.int32)
+        ids, start, lengths = state[0], state[1], state[2]
 
         def matmul(y, x, name):
             if qweights is None:
@@ -320,11 +354,7 @@ class GPT:
                 be(f"qgemv_{fmt}", y.reshape(-1), x.reshape(-1), packed[name])
 
         x = be.ws("dec.x", (B, C))
-        if qweights is None:
-            be("embedding", x, ids, p["wte"])
-        else:  # llama.cpp's get_rows: dequantize the token's packed row of the table
-            for b, t in enumerate(tok):
-                be(f"{qweights[0]}_dequantize", x[b:b + 1], qweights[1]["wte"][int(t):int(t) + 1])
+        be("embedding", x, ids, p["wte"] if qweights is None else self._qtable(qweights))
         h, r = be.ws("dec.h", (B, C)), be.ws("dec.r", (B,))
         qkv, q, o = be.ws("dec.qkv", (B, 3 * C)), be.ws("dec.q", (B, H, 1, D)), be.ws("dec.o", (B, H, D))
         att, xm = be.ws("dec.att", (B, C)), be.ws("dec.xm", (B, C))
@@ -348,7 +378,13 @@ class GPT:
             mm_dx(be, logits, h, p["wte"])
         else:
             be(f"qgemv_{qweights[0]}", logits.reshape(-1), h.reshape(-1), qweights[1]["wte"])
-        return be.host(logits)
+        return logits
+
+    def decoder(self, cache, qweights=None, batch=1, mode="auto", quiet=False):
+        """A :class:`Decoder` over this model and cache: decode steps replayed as a launch plan or a CUDA
+        graph (mode "plan" / "graph"), or run eagerly ("eager"); "auto" picks the graph where capture is
+        possible and says in one line why not elsewhere."""
+        return Decoder(self, cache, qweights, batch, mode, quiet)
 
     def quantize(self, fmt):
         """Pack every matrix for the dequantizing GEMV (chapter 11): W (K,N) is stored GGML's way, one
@@ -372,17 +408,18 @@ class GPT:
             deq[n] = b if n == "wte" else np.ascontiguousarray(b.T)
         return (fmt, packed), deq
 
-    def generate(self, prompt, n_new, temperature=0.0, seed=0, cache=True, qweights=None):
+    def generate(self, prompt, n_new, temperature=0.0, seed=0, cache=True, qweights=None, mode="auto"):
         """Token ids continuing prompt (a list of ints). temperature 0: greedy (argmax; the first index
-        wins a tie). With cache=False every step re-runs the whole sequence through forward()."""
+        wins a tie). With cache=False every step re-runs the whole sequence through forward(). mode: how
+        the cached decode steps launch (see decoder(); "auto" replays a CUDA graph on a real GPU)."""
         rng = np.random.default_rng(seed)
         toks = list(prompt)
         n_new = min(n_new, self.cfg.ctx - len(toks))  # the context (and the cache) holds ctx tokens
-        kv = self.new_cache() if cache else None
+        dec = self.decoder(self.new_cache(), qweights, mode=mode, quiet=True) if cache else None
         logits = None
         if cache:
             for pos, t in enumerate(toks):
-                logits = self.decode_step([t], pos, kv, qweights)[0]
+                logits = dec.step([t], pos)[0]
         for _ in range(n_new):
             if not cache:
                 ctx = np.array([toks], np.int32)
@@ -390,22 +427,60 @@ class GPT:
             nxt = pick(logits, temperature, rng)
             toks.append(nxt)
             if cache and len(toks) < self.cfg.ctx:
-                logits = self.decode_step([nxt], len(toks) - 1, kv, qweights)[0]
+                logits = dec.step([nxt], len(toks) - 1)[0]
         return toks
 
 
+class Decoder:
+    """Decode steps of one model on one KV cache, launched through the runtime (chapter 14).
+
+    The first step runs the registered launchers and records their launches (kernels_src.runtime); later
+    steps write the token and position into the static device buffer and replay: one cuLaunchKernel per
+    kernel ("plan"), or one cuGraphLaunch for the whole step ("graph"). On the CPU and in the simulator a
+    plan or graph cannot exist, and "auto" runs eagerly (``self.runner.why`` says why)."""
+
+    def __init__(self, model, cache, qweights=None, batch=1, mode="auto", quiet=False):
+        from ..runtime.graphs import StepRunner
+
+        self.model, self.cache, self.qweights, self.batch = model, cache, qweights, batch
+        if not model.be.gpu and mode == "auto":
+            mode, why = "eager", "the CPU backend launches no GPU kernels"
+        else:
+            why = ""
+        self.runner = StepRunner(lambda: model._decode_launches(batch, cache, qweights), mode, quiet=quiet)
+        self.runner.why = self.runner.why or why
+        self.mode = self.runner.mode
+        self._state = None
+
+    def step(self, tok, pos):
+        """tok (B,) ints at position pos -> logits (B,V) on the host."""
+        m = self.model
+        if len(tok) != self.batch:
+            raise ValueError(f"this decoder was built for batch {self.batch}, got {len(tok)} tokens")
+        if not 0 <= pos < m.cfg.ctx:
+            raise ValueError(f"position {pos} is outside the context (0..{m.cfg.ctx - 1})")
+        m._write_state(tok, pos, self.batch)
+        state = m.be._ws.get("dec.state")
+        if self.runner.plan is not None and state is not self._state:  # the model's buffers were replaced
+            self.runner.plan = self.runner.graph = None                 # (another batch size): record again
+        self._state = state
+        self.runner()
+        return m.be.host(m.be.ws("dec.logits", (self.batch, m.cfg.vocab)))
+
+    def describe(self) -> str:
+        return self.runner.describe()
+
+
 def mm_dx(be, out, G, W):
-    """out (M,K) = G (M,N) W^T, W (K,N): chapter 5's GEMM on a transposed copy of W."""
-    Wt = be.ws(("T", W.shape), (W.shape[1], W.shape[0]))
-    be("transpose", Wt, W)
-    be("gemm", out, G, Wt)
+    """out (M,K) = G (M,N) W^T, W (K,N): role gemm_nt. The dispatcher runs chapter 5's GEMM on a transposed
+    copy of W, or for one row chapter 4's y = W x GEMV on W as it is."""
+    be("gemm_nt", out, G, W)
 
 
 def mm_dw(be, out, X, G):
-    """out (K,N) = X^T G, X (M,K), G (M,N): chapter 5's GEMM on a transposed copy of X."""
-    Xt = be.ws(("T", X.shape), (X.shape[1], X.shape[0]))
-    be("transpose", Xt, X)
-    be("gemm", out, Xt, G)
+    """out (K,N) = X^T G, X (M,K), G (M,N): role gemm_tn, a GEMM on a transposed copy of X (split-K when
+    the M = B*T token rows are many and the output small)."""
+    be("gemm_tn", out, X, G)
 
 
 def add(be, out, a, b):

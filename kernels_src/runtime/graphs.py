@@ -1,0 +1,144 @@
+"""CUDA graphs over numba.cuda launches: a whole step captured once and replayed with one call.
+
+A launch plan (:mod:`kernels_src.runtime.launch`) already skips numba's per-launch work, but it still makes
+one driver call per kernel, each a few microseconds of host time, and the GPU waits whenever the host falls
+behind. A CUDA graph records the step's kernels (grids, blocks, parameters, order) on the driver's side;
+``cuGraphLaunch`` then submits all of them at once, and the GPU runs them back to back (about 1.3 µs apart
+on the H100, GPU.md).
+
+    runner = StepRunner(step, mode="auto")   # "eager", "plan" or "graph"; auto: graph where possible
+    runner()                                  # first call: runs step() eagerly and records it
+    runner()                                  # later calls: replay (the graph, or the plan)
+
+Capture is done with the driver API of the pinned ``cuda-bindings`` (``cuStreamBeginCapture`` on a stream of
+our own, the plan's launches, ``cuStreamEndCapture``, ``cuGraphInstantiate``). The stream is created with
+default flags, so it is ordered with the legacy stream that numba's copies use: a host write before
+``runner()`` and a read after it need no extra synchronisation.
+
+A graph replays the *same* launches on the *same* buffers: every value that changes from one step to the
+next (the token, the position, the cache length) must live in device memory that the step reads, and the
+step must not allocate or copy. Where capture is impossible (no GPU, the CUDA simulator, no cuda-bindings),
+``StepRunner`` runs the step eagerly and says so in one line (``runner.why``).
+"""
+from __future__ import annotations
+
+import warnings
+
+from . import launch as _plan
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") when CUDA graphs can be captured here; else (False, why)."""
+    if not _plan.AVAILABLE:
+        return False, f"CUDA graphs {_plan.WHY}"
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError as e:  # pragma: no cover
+        return False, f"CUDA graphs need cuda-bindings ({e})"
+    return True, ""
+
+
+def _check(res, what):
+    """cuda-bindings returns (err,) or (err, value): raise on an error, return the value."""
+    from cuda.bindings import driver
+
+    if res[0] != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed: {res[0]!r}")
+    return res[1] if len(res) > 1 else None
+
+
+def new_stream():
+    """A stream with default flags (ordered with the legacy stream), as a CUstream."""
+    from cuda.bindings import driver
+
+    return _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_DEFAULT.value), "cuStreamCreate")
+
+
+class Graph:
+    """An instantiated CUDA graph of a plan's launches. ``launch()`` replays it on its stream."""
+
+    def __init__(self, plan: _plan.Plan, stream=None):
+        from cuda.bindings import driver
+
+        self.plan = plan
+        self.stream = stream if stream is not None else new_stream()
+        mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        _check(driver.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
+        try:
+            plan.run(self.stream)
+        finally:  # always leave capture mode, even when a launch failed
+            graph = _check(driver.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
+        self.graph = graph
+        self.exec = _check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        self.n_nodes = len(plan)
+
+    def launch(self):
+        from cuda.bindings import driver
+
+        _check(driver.cuGraphLaunch(self.exec, self.stream), "cuGraphLaunch")
+
+    def synchronize(self):
+        from cuda.bindings import driver
+
+        _check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def __del__(self):  # pragma: no cover (GPU only)
+        try:
+            from cuda.bindings import driver
+
+            driver.cuGraphExecDestroy(self.exec)
+            driver.cuGraphDestroy(self.graph)
+        except Exception:
+            pass
+
+
+def capture(plan: _plan.Plan, stream=None) -> Graph:
+    return Graph(plan, stream)
+
+
+MODES = ("eager", "plan", "graph", "auto")
+
+
+class StepRunner:
+    """Runs ``step()`` eagerly the first time (recording its launches), then replays it.
+
+    mode: "eager" (always the registered launchers), "plan" (packed launches), "graph" (one cuGraphLaunch),
+    "auto" (graph where available, else eager, with the reason in ``self.why`` and one warning line).
+    """
+
+    def __init__(self, step, mode="auto", quiet=False):
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        self.step, self.requested = step, mode
+        ok, why = available()
+        self.why = ""
+        if mode in ("plan", "graph", "auto") and not ok:
+            if mode != "auto":
+                raise RuntimeError(f"mode={mode!r}: {why}")
+            self.why = why
+            if not quiet:
+                warnings.warn(f"{why}; running the step eagerly", RuntimeWarning, stacklevel=2)
+            mode = "eager"
+        self.mode = "graph" if mode == "auto" else mode
+        self.plan: _plan.Plan | None = None
+        self.graph: Graph | None = None
+
+    def __call__(self):
+        if self.mode == "eager":
+            return self.step()
+        if self.plan is None:
+            self.plan, out = _plan.Plan.record(self.step)
+            if self.mode == "graph":
+                self.graph = capture(self.plan)
+            return out
+        if self.graph is not None:
+            self.graph.launch()
+        else:
+            self.plan.run()
+        return None
+
+    def describe(self) -> str:
+        if self.mode == "eager":
+            return "eager" + (f" ({self.why})" if self.why else "")
+        n = len(self.plan) if self.plan is not None else "?"
+        return f"{self.mode} of {n} launches"
