@@ -54,10 +54,56 @@ def new_stream():
     return _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_DEFAULT.value), "cuStreamCreate")
 
 
+def device_pointer(a) -> int:
+    """The device address of a device array (anything with __cuda_array_interface__)."""
+    return int(a.__cuda_array_interface__["data"][0])
+
+
+class Pinned:
+    """A page-locked host array: copies to and from it can run asynchronously and be captured in a graph
+    (a copy from ordinary pageable memory cannot)."""
+
+    def __init__(self, shape, dtype):
+        import ctypes
+
+        import numpy as np
+        from cuda.bindings import driver
+
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape)) * dtype.itemsize
+        self.ptr = _check(driver.cuMemHostAlloc(max(1, n), 0), "cuMemHostAlloc")
+        buf = (ctypes.c_byte * max(1, n)).from_address(int(self.ptr))
+        self.array = np.frombuffer(buf, dtype=np.uint8, count=n).view(dtype).reshape(shape)
+
+    def __del__(self):  # pragma: no cover (GPU only)
+        try:
+            from cuda.bindings import driver
+
+            driver.cuMemFreeHost(self.ptr)
+        except Exception:
+            pass
+
+
+def copy_in(dev, host, stream):
+    """host (pinned) -> dev, queued on stream."""
+    from cuda.bindings import driver
+
+    _check(driver.cuMemcpyHtoDAsync(device_pointer(dev), host.ctypes.data, host.nbytes, stream), "cuMemcpyHtoDAsync")
+
+
+def copy_out(host, dev, stream):
+    """dev -> host (pinned), queued on stream."""
+    from cuda.bindings import driver
+
+    _check(driver.cuMemcpyDtoHAsync(host.ctypes.data, device_pointer(dev), host.nbytes, stream), "cuMemcpyDtoHAsync")
+
+
 class Graph:
     """An instantiated CUDA graph of a plan's launches. ``launch()`` replays it on its stream."""
 
-    def __init__(self, plan: _plan.Plan, stream=None):
+    def __init__(self, plan: _plan.Plan, stream=None, before=None, after=None):
+        """before(stream) / after(stream): extra work captured ahead of / after the plan's kernels
+        (copies from and to pinned host buffers)."""
         from cuda.bindings import driver
 
         self.plan = plan
@@ -65,7 +111,11 @@ class Graph:
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         _check(driver.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
         try:
+            if before is not None:
+                before(self.stream)
             plan.run(self.stream)
+            if after is not None:
+                after(self.stream)
         finally:  # always leave capture mode, even when a launch failed
             graph = _check(driver.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
         self.graph = graph
@@ -92,8 +142,8 @@ class Graph:
             pass
 
 
-def capture(plan: _plan.Plan, stream=None) -> Graph:
-    return Graph(plan, stream)
+def capture(plan: _plan.Plan, stream=None, before=None, after=None) -> Graph:
+    return Graph(plan, stream, before, after)
 
 
 MODES = ("eager", "plan", "graph", "auto")
@@ -106,7 +156,11 @@ class StepRunner:
     "auto" (graph where available, else eager, with the reason in ``self.why`` and one warning line).
     """
 
-    def __init__(self, step, mode="auto", quiet=False):
+    def __init__(self, step, mode="auto", quiet=False, inputs=(), outputs=()):
+        """inputs: [(device array, pinned host array)] copied in before each replay; outputs: [(pinned host
+        array, device array)] copied out after it (both inside the graph). A replay then ends synchronised:
+        the outputs are on the host when __call__ returns."""
+        self.inputs, self.outputs = list(inputs), list(outputs)
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         self.step, self.requested = step, mode
@@ -129,13 +183,30 @@ class StepRunner:
         if self.plan is None:
             self.plan, out = _plan.Plan.record(self.step)
             if self.mode == "graph":
-                self.graph = capture(self.plan)
+                self.graph = capture(self.plan, before=self._copy_in, after=self._copy_out)
             return out
         if self.graph is not None:
             self.graph.launch()
+            if self.outputs:
+                self.graph.synchronize()
         else:
-            self.plan.run()
+            from cuda.bindings import driver
+
+            s = driver.CUstream(0)
+            self._copy_in(s)
+            self.plan.run(s)
+            self._copy_out(s)
+            if self.outputs:
+                _check(driver.cuStreamSynchronize(s), "cuStreamSynchronize")
         return None
+
+    def _copy_in(self, stream):
+        for dev, host in self.inputs:
+            copy_in(dev, host, stream)
+
+    def _copy_out(self, stream):
+        for host, dev in self.outputs:
+            copy_out(host, dev, stream)
 
     def describe(self) -> str:
         if self.mode == "eager":
