@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     launchcost.add_parser(sub)
     stepprofile.add_parser(sub)
+    from .tools import autotune
+
+    autotune.add_parser(sub)
     for extra in EXTRA_COMMANDS:
         extra(sub)
     return p

@@ -27,6 +27,8 @@ Ladder (each rung changes one thing)
   gpu/tuned          rung 9    rung 8 with the tile shape that won a sweep on the GPU (128x256, 8x16 per thread)
   gpu/vec            rung 10   rung 8 with 16-byte global loads/stores (kernels_src.vec.load4) and unguarded full tiles
   gpu/warptile       rung 11   rung 10 with warp tiles (each warp a contiguous 64x32 tile of C) and BK = 16
+  gpu/splitk         rung 12   rung 11 with K split over S blocks per tile and a second pass adding the S partials
+                               (for long K and few output tiles: training's dW = X^T G; chapter 14 dispatches to it)
 
 Numba-specific lessons, each visible in the PTX (see ``kernels_src.tools.gemm.ptx_report``): a signed index makes Numba emit
 a negative-index ("wraparound") fix-up for every array access, which blocks vectorised shared-memory
@@ -781,7 +783,7 @@ def _addr(a) -> int:
 
 
 def make_vec(BM=128, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, warptile=False, pad=4, minblocks=None,
-             unroll=2, epilogue=None):
+             unroll=2, epilogue=None, splitk=False):
     """Rungs 10 and 11, and the fused GEMM epilogue (``kernels_src.ops.epilogue``): rung 8's double-buffered
     kernel with three changes.
 
@@ -797,6 +799,9 @@ def make_vec(BM=128, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, warptile=False, pad=4
       block tile, as in rungs 7-8.
     - ``epilogue``: a ``cuda.jit(device=True)`` function f; the kernel then stores f(acc + bias[col])
       instead of acc, while the result is still in registers (a fused bias + activation).
+    - ``splitk`` (rung 12): the grid gains a third dimension; block z computes the product over its own
+      slice of the K tiles and writes its partial tile into rows z*M ... z*M + M - 1 of C, which is then a
+      (S*M, N) workspace (with one slice, C itself). The launcher adds the S partials with a second kernel.
 
     Every value read from shared memory is a 16-byte ``load4`` too. The kernel always takes a bias vector
     and a flag saying whether the fast path is allowed; the GEMM launchers pass a dummy bias, which the
@@ -822,6 +827,7 @@ def make_vec(BM=128, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, warptile=False, pad=4
     align = SMEM_ALIGN
     EPI = epilogue is not None
     epi = epilogue if EPI else _identity
+    SPLITK = bool(splitk)
     assert BK % unroll == 0 and LR * LC == 32 and TM % 4 == 0 and TN % 4 == 0 and BK % 4 == 0 and BMP % 4 == 0
     assert NT & (NT - 1) == 0 and BM * BK4 % NT == 0 and BK * BN4 % NT == 0
     if warptile:
@@ -834,7 +840,8 @@ def make_vec(BM=128, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, warptile=False, pad=4
 
     @_jit(**opts)
     def kernel(C, A, B, bias, fast_ok):
-        M, N = C.shape
+        M = A.shape[0]  # C may be a (S*M, N) split-K workspace: the product's shape comes from A and B
+        N = B.shape[1]
         K = A.shape[1]
         tid = cuda.threadIdx.x & (NT - 1)  # proves tid >= 0 (rung 6)
         warp = tid // 32
@@ -861,8 +868,15 @@ def make_vec(BM=128, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, warptile=False, pad=4
         K4 = K // 4
         N4 = N // 4
         ntiles = (K + BK - 1) // BK
+        kt0 = 0  # first K tile of this block's slice
+        zoff = 0  # first row of this block's partial in C
+        if SPLITK:
+            per = (ntiles + cuda.gridDim.z - 1) // cuda.gridDim.z
+            kt0 = cuda.blockIdx.z * per
+            ntiles = max(0, min(ntiles, kt0 + per) - kt0)  # a slice past the end writes zeros
+            zoff = cuda.blockIdx.z * M
         for t in range(ntiles + 1):
-            k0 = t * BK
+            k0 = (kt0 + t) * BK
             if t < ntiles:  # issue tile t's global loads into registers
                 if full and k0 + BK <= K:
                     for s in range(GA):
@@ -940,14 +954,14 @@ def make_vec(BM=128, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, warptile=False, pad=4
                             v1 = epi(v1 + e1)
                             v2 = epi(v2 + e2)
                             v3 = epi(v3 + e3)
-                        store4(C, r * N4 + c // 4, v0, v1, v2, v3)
+                        store4(C, (zoff + r) * N4 + c // 4, v0, v1, v2, v3)
                     elif r < M:
                         for qn in range(4):
                             if c + qn < N:
                                 v = acc[4 * p + q, 4 * pn + qn]
                                 if EPI:
                                     v = epi(v + bias[c + qn])
-                                C[r, c + qn] = v
+                                C[zoff + r, c + qn] = v
 
     def launch(C, A, B, bias=None):
         M, N = C.shape
@@ -960,7 +974,8 @@ def make_vec(BM=128, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, warptile=False, pad=4
 
     launch.kernel = kernel
     launch.config = dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, pad=pad, dbuf=True, threads=NT, warp=(LR, LC),
-                         warptile=warptile, minblocks=minblocks, unroll=unroll, vec=True, epilogue=getattr(epilogue, "__name__", None))
+                         warptile=warptile, minblocks=minblocks, unroll=unroll, vec=True, epilogue=getattr(epilogue, "__name__", None),
+                         splitk=SPLITK)
     return launch
 
 
@@ -1077,3 +1092,81 @@ def gemm_warptile(C, A, B):
     stores, one barrier) is spread over 1024 FMAs per thread instead of 512. Predicted: >= 75 % of cuBLAS
     at 4096^3 (the issue's goal), from fewer non-FMA instructions per FMA. (Launch bounds as rung 10.)"""
     _warptile(C, A, B)
+
+
+# ------------------------------------------------------------------------------- rung 12: split-K
+# Training's weight gradients dW = X^T G are products with a long K (the B*T token rows) and a small output
+# (C x 3C for the QKV matrix): 128 x 128 tiles give a few dozen blocks for 132 SMs, each walking all of K.
+# Split-K gives each of S blocks per tile one slice of K, and a second kernel adds the S partial tiles.
+SPLITK = dict(WARPTILE, splitk=True)
+SPLITK_MAX = 16  # at most 16 slices: the partials cost 2 * S * M * N * 4 bytes of extra traffic
+SPLITK_MIN_TILES = 8  # and each slice keeps at least 8 K tiles (128 values of K with BK = 16) of work
+SPLITK_TARGET_BLOCKS = 2 * 132  # two resident blocks on each of the H100's 132 SMs (launch bounds, rung 10)
+_splitk = make_vec(**SPLITK)
+SIG_RED = "void(float32[:, ::1], float32[:, ::1], int64)"
+
+
+@cuda.jit(fastmath=True)
+def splitk_reduce_kernel(C, ws, S):
+    """C[m, n] = sum over s of ws[s*M + m, n]: one thread per output, the S loads of a warp coalesced."""
+    M, N = C.shape
+    i = cuda.grid(1)
+    if i < M * N:
+        m = i // N
+        n = i % N
+        acc = float32(0.0)
+        for s in range(S):
+            acc += ws[s * M + m, n]
+        C[m, n] = acc
+
+
+def splitk_slices(M, N, K, cfg=None):
+    """How many K slices the split-K launcher uses for an (M, N, K) product: enough blocks to fill the GPU
+    (SPLITK_TARGET_BLOCKS), never a slice shorter than SPLITK_MIN_TILES K tiles, at most SPLITK_MAX."""
+    cfg = cfg or _splitk.config
+    tiles = ceil_div(M, cfg["BM"]) * ceil_div(N, cfg["BN"])
+    ktiles = ceil_div(K, cfg["BK"])
+    want = ceil_div(SPLITK_TARGET_BLOCKS, tiles)
+    return max(1, min(SPLITK_MAX, want, ktiles // SPLITK_MIN_TILES))
+
+
+_SPLITK_WS: dict = {}
+
+
+def gemm_splitk_launch(C, A, B, slices=None):
+    """Split-K launcher with an explicit slice count (``slices=None``: :func:`splitk_slices`)."""
+    M, N = C.shape
+    K = A.shape[1]
+    S = int(slices) if slices else splitk_slices(M, N, K)
+    if S <= 1:  # one slice: the kernel writes C itself, no second pass
+        _splitk(C, A, B)
+        return
+    key = (S * M, N)
+    ws = _SPLITK_WS.get(key)
+    if ws is None:  # kept between calls (no allocation in a captured CUDA graph after the first call)
+        ws = _SPLITK_WS[key] = cuda.device_array(key, dtype=np.float32)
+    ok = (K % 4 == 0 and N % 4 == 0 and _addr(A) % 16 == 0 and _addr(B) % 16 == 0 and _addr(ws) % 16 == 0)
+    cfg = _splitk.config
+    _splitk.kernel[(ceil_div(N, cfg["BN"]), ceil_div(M, cfg["BM"]), S), cfg["threads"]](ws, A, B, _dummy_bias(),
+                                                                                         1 if ok else 0)
+    splitk_reduce_kernel[ceil_div(M * N, 256), 256](C, ws, S)
+
+
+def _splitk_bytes(s, b):
+    M, N, K = s
+    S = splitk_slices(M, N, K)
+    return tile_bytes(128, 128)(s, b) + (2 * S * M * N if S > 1 else 0) * b
+
+
+@register("gemm", "gpu", "splitk", rung=12, ptx=[(_splitk.kernel, SIG_VEC), (splitk_reduce_kernel, SIG_RED)],
+          bytes=_splitk_bytes)
+def gemm_splitk(C, A, B):
+    """Split-K: rung 11 with K cut into S slices (one block per tile and slice) and a second pass adding them.
+
+    For products with a long K and few output tiles (training's dW = X^T G: K = B*T = 4096 token rows, C x 3C
+    = 512 x 1536 outputs, 48 tiles of 128 x 128 for 132 SMs) rung 11 leaves most SMs idle and each block
+    walks all of K. With S slices (``splitk_slices``: enough to put two blocks on every SM) the same FLOPs run
+    on S times more blocks, for 2*S*M*N*4 extra bytes of partials. Predicted: at 512 x 1536 x 4096 (48 tiles,
+    S = 6, 288 blocks) about 132/48 = 2.7x rung 11, the share of SMs rung 11 leaves idle; no gain (a few %
+    lost to the second pass) where rung 11 already fills the GPU."""
+    gemm_splitk_launch(C, A, B)
