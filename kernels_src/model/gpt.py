@@ -2,10 +2,14 @@
 
 Same architecture and parameter names as :mod:`kernels_src.model.reference` (read that file for the
 math). Nothing here computes: each line hands arrays to a kernel looked up in the registry, through
-a *backend*, a table from a role ("gemm", "attention", ...) to a registered variant:
+a *backend*, which asks the dispatcher (kernels_src.runtime.dispatch, chapter 14) which registered variant
+plays the role ("gemm", "attention", ...) for this call's shape, dtype and device:
 
-    backend("cpu")   the fastest Numba CPU rungs
-    backend("gpu")   numba.cuda rungs: on a real GPU the fast ones, in the simulator the simple ones
+    backend("cpu")   Numba CPU rungs
+    backend("gpu")   numba.cuda rungs: on a real GPU the fast ones (by the GPU's autotune table), in the
+                     simulator the simple ones
+
+The model keeps no table of its own; ``kernels dispatch --explain train|decode`` prints what each call gets.
 
 N = B*T token rows, C width, H heads of D, F = 4C, V vocabulary. Shapes are written where they are used.
 """
@@ -20,83 +24,57 @@ from .. import device, registry
 from ..ops.rope import cos_sin_cache
 from .reference import Config, param_shapes
 
-# role -> "op/backend/variant"; the chapter of each op is in the registry (registry.get_op(op).chapter)
-CPU = {
-    "gemm": "gemm/cpu/regblock_par",                 # Y = X W            (ch 5)
-    "transpose": "transpose/cpu/prange",             # so that dX = G W^T and dW = X^T G are GEMMs too (ch 13)
-    "rmsnorm": "rmsnorm/cpu/loop",                   # (ch 7)
-    "rmsnorm_bwd": "rmsnorm_bwd/cpu/loop",
-    "rope_qkv": "rope_kv_write/cpu/loop",            # RoPE + head split (+ cache write)  (ch 10)
-    "rope_qkv_bwd": "qkv_rope_bwd/cpu/prange",       # (ch 13)
-    "attention": "attention/cpu/blocked",            # causal flash-style attention (ch 9)
-    "attention_bwd": "attention_bwd/cpu/prange",
-    "heads_merge": "heads_merge/cpu/prange",         # (ch 13)
-    "heads_split": "heads_split/cpu/prange",
-    "gelu": "gelu/cpu/loop",                         # (ch 6)
-    "gelu_bwd": "gelu_bwd/cpu/loop",
-    "add": "axpy/cpu/loop",                          # residual add = axpy with a = 1 (ch 1)
-    "embedding": "embedding/cpu/prange",             # (ch 13)
-    "embedding_bwd": "embedding_bwd/cpu/prange",
-    "cross_entropy": "cross_entropy/cpu/online_prange",  # (ch 13)
-    "cross_entropy_bwd": "cross_entropy_bwd/cpu/prange",
-    "sum": "reduce_sum/cpu/f64acc",                  # the mean loss (ch 7)
-    "adamw": "adamw/cpu/prange",                     # (ch 12)
-    "decode_attention": "decode_attention/cpu/prange",  # (ch 10)
-    "qgemv_q8_0": "qgemv_q8_0/cpu/fused_prange",     # (ch 11)
-    "qgemv_q4_0": "qgemv_q4_0/cpu/fused_prange",
-    "q8_0_quantize": "q8_0_quantize/cpu/njit",
-    "q4_0_quantize": "q4_0_quantize/cpu/njit",
-    "q8_0_dequantize": "q8_0_dequantize/cpu/njit",
-    "q4_0_dequantize": "q4_0_dequantize/cpu/njit",
-}
-GPU = {**{k: v.replace("/cpu/", "/gpu/") for k, v in CPU.items()}, **{
-    "gemm": "gemm/gpu/tuned", "transpose": "transpose/gpu/smem",
-    "rmsnorm": "rmsnorm/gpu/regs_shfl", "rmsnorm_bwd": "rmsnorm_bwd/gpu/regs_shfl",
-    "rope_qkv": "rope_kv_write/gpu/token", "rope_qkv_bwd": "qkv_rope_bwd/gpu/thread",
-    "attention": "attention/gpu/flash_causal", "attention_bwd": "attention_bwd/gpu/flash2",
-    "heads_merge": "heads_merge/gpu/thread", "heads_split": "heads_split/gpu/thread",
-    "gelu": "gelu/gpu/ilp4", "gelu_bwd": "gelu_bwd/gpu/ilp4", "add": "axpy/gpu/stride",
-    "embedding": "embedding/gpu/thread", "embedding_bwd": "embedding_bwd/gpu/thread",
-    "cross_entropy": "cross_entropy/gpu/row", "cross_entropy_bwd": "cross_entropy_bwd/gpu/row",
-    "sum": "reduce_sum/gpu/two_pass", "adamw": "adamw/gpu/fused_ilp4", "decode_attention": "decode_attention/gpu/splitk",
-    "qgemv_q8_0": "qgemv_q8_0/gpu/rows", "qgemv_q4_0": "qgemv_q4_0/gpu/rows",
-    "q8_0_quantize": "q8_0_quantize/gpu/warp_per_block", "q4_0_quantize": "q4_0_quantize/gpu/warp_per_block",
-    "q8_0_dequantize": "q8_0_dequantize/gpu/thread_per_elem", "q4_0_dequantize": "q4_0_dequantize/gpu/thread_per_elem",
-}}
-# In the simulator (tests, exercises) the simplest correct rungs: no warp shuffles, few threads.
-GPU_SIM = {**GPU, "gemm": "gemm/gpu/coalesced", "rmsnorm": "rmsnorm/gpu/regs", "rmsnorm_bwd": "rmsnorm_bwd/gpu/regs",
-           "attention": "attention/gpu/row", "gelu": "gelu/gpu/thread", "gelu_bwd": "gelu_bwd/gpu/thread",
-           "add": "axpy/gpu/thread", "sum": "reduce_sum/gpu/smem_tree", "adamw": "adamw/gpu/fused",
-           "decode_attention": "decode_attention/gpu/block", "qgemv_q8_0": "qgemv_q8_0/gpu/warp_per_row",
-           "qgemv_q4_0": "qgemv_q4_0/gpu/warp_per_row"}
+
+class RoleTable(dict):
+    """role -> the variant key it ran last (or, before any call, the one it gets for a large call): the
+    role -> kernel table chapter 13 prints. The dispatcher decides per call; this is a summary of it."""
+
+    def __init__(self, be):
+        super().__init__()
+        self._be = be
+
+    def __missing__(self, role):
+        return self._be.dispatch.default_variant(role)
 
 
 class Backend:
-    """Where arrays live and which kernel plays each role. ``profile`` collects seconds per role."""
+    """Where arrays live and which kernel plays each role. The kernel is not fixed per role: every call goes
+    to the dispatcher (kernels_src.runtime.dispatch), which picks the variant for its shape, dtype and device
+    and caches that per (role, shapes). ``profile`` collects seconds per role; ``log`` (a list, when set)
+    records each call's Decision; ``dry=True`` records without running anything (``dispatch.explain``).
 
-    def __init__(self, kind: str, table: dict | None = None):
+    ``table``: the dispatcher's autotune table (a dict or path; None: the device's committed one, or the
+    defaults); ``overrides``: {role: "op/backend/variant"} forced whatever the shape."""
+
+    def __init__(self, kind: str, table=None, *, overrides=None, dispatcher=None, dry=False):
+        from ..runtime.dispatch import Dispatcher, device_of
+
         self.kind = kind
-        self.gpu = kind == "gpu"
-        if table is None:
-            table = CPU if kind == "cpu" else (GPU_SIM if device.SIMULATED else GPU)
-        self.table = dict(table)
-        self._fns = {}
+        self.gpu = kind == "gpu" and not dry
+        self.dry = dry
+        self.dispatch = dispatcher or Dispatcher(device_of(kind), table=table, overrides=overrides,
+                                                 empty=self.empty)
+        self.table = RoleTable(self)
         self.times: dict | None = None
+        self.log: list | None = None
         self._ws: dict = {}
 
     def variant(self, role):
         return registry.get_variant(self.table[role])
 
     def __call__(self, role, *args):
-        fn = self._fns.get(role)
-        if fn is None:
-            fn = self._fns[role] = self.variant(role).fn
+        d = self.dispatch.pick(role, *args)
+        self.table[role] = d.variant
+        if self.log is not None:
+            self.log.append(d)
+        if self.dry:
+            return
         if self.times is None:
-            fn(*args)
+            d.fn(*args)
             return
         self.sync()
         t0 = time.perf_counter()
-        fn(*args)
+        d.fn(*args)
         self.sync()
         self.times[role] = self.times.get(role, 0.0) + time.perf_counter() - t0
 
@@ -133,8 +111,8 @@ class Backend:
         return a
 
 
-def backend(kind="cpu", table=None) -> Backend:
-    return Backend(kind, table)
+def backend(kind="cpu", table=None, overrides=None) -> Backend:
+    return Backend(kind, table, overrides=overrides)
 
 
 class GPT:
