@@ -280,6 +280,104 @@ def decode_main(path, configs=("bench", "large"), reps=50, compile_torch=True):
     return res
 
 
+# ------------------------------------------------------------------------------ training through the dispatcher
+TRAIN_CONFIGS = {"bench": (BENCH, BATCH, 256), "large": (LARGE, 4, 1024)}  # (config, batch, T)
+
+
+def train_compare(cfg, B, T, reps=10, compile_torch=True, out=None, save=lambda: None) -> dict:
+    """Training tokens/s (forward, backward, AdamW; fp32, TF32 off) of the course model, every call dispatched
+    by shape (kernels_src.runtime.dispatch, with this GPU's table), against the same model in torch eager and
+    torch.compile. Also: the losses of both on the same batch, the per-role breakdown (every call synchronised)
+    and the dispatcher's decision for every call of the step."""
+    import torch
+
+    from ..runtime.dispatch import explain
+
+    params = init_params(cfg, 0)
+    rng = np.random.default_rng(0)
+    ids, tg = rng.integers(0, cfg.vocab, (B, T)), rng.integers(0, cfg.vocab, (B, T))
+    model = GPT(cfg, params, "gpu")
+    out = {} if out is None else out  # filled stage by stage; save() after each (a run cut short keeps them)
+    out.update({"config": cfg.__dict__, "batch": B, "T": T, "tokens": B * T, "n_params": model.n_params,
+                "table": model.be.dispatch.table_source, "thresholds": model.be.dispatch.thresholds})
+    _, loss = model.forward(ids, tg)
+    out["course_loss"] = loss
+
+    def step():
+        model.forward(ids, tg)
+        model.backward()
+        model.adamw(1e-4)
+
+    ts = []
+    for _ in range(3):  # three medians of reps steps: how repeatable one run is
+        ts.append(_median_time(step, reps=reps, warm=2))
+    t = float(np.median(ts))
+    with model.be.profile() as times:
+        step()
+    out["course"] = {"median_s": t, "tokens_per_s": B * T / t, "medians_s": ts, "breakdown_s": times,
+                     "roles": {r: model.be.table[r] for r in times}}
+    print(f"train course {1e3 * t:8.2f} ms  {B * T / t:10.0f} tok/s  {ts}", flush=True)
+    out["decisions"] = explain("train", cfg, dev="gpu", table=model.be.dispatch.table or {}, batch=B, seq=T)
+    save()
+    del model
+    P, forward, _dec = torch_model(cfg, params)
+    ids_t = torch.tensor(ids, device="cuda", dtype=torch.long)
+    tg_t = torch.tensor(tg, device="cuda", dtype=torch.long)
+    out["torch_loss"] = float(forward(ids_t, tg_t)[1].item())
+    opt = torch.optim.AdamW(list(P.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, fused=True)
+
+    def tstep(fwd):
+        opt.zero_grad(set_to_none=False)
+        _, l_ = fwd(ids_t, tg_t)
+        l_.backward()
+        opt.step()
+
+    ts = [_median_time(lambda: tstep(forward), reps=reps, warm=2) for _ in range(3)]
+    t = float(np.median(ts))
+    out["torch_eager"] = {"median_s": t, "tokens_per_s": B * T / t, "medians_s": ts}
+    print(f"train torch eager {1e3 * t:8.2f} ms", flush=True)
+    out["vs_torch_eager"] = out["course"]["tokens_per_s"] / out["torch_eager"]["tokens_per_s"]
+    save()
+    if compile_torch:
+        try:
+            t0 = time.perf_counter()
+            cf = torch.compile(forward)
+            for _ in range(2):
+                tstep(cf)
+            comp = time.perf_counter() - t0
+            ts = [_median_time(lambda: tstep(cf), reps=reps, warm=2) for _ in range(3)]
+            t = float(np.median(ts))
+            out["torch_compile"] = {"median_s": t, "tokens_per_s": B * T / t, "medians_s": ts, "compile_s": comp}
+            print(f"train torch compile {1e3 * t:8.2f} ms", flush=True)
+        except Exception as e:  # report, keep the rest
+            out["torch_compile"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    for k in ("torch_eager", "torch_compile"):
+        if "tokens_per_s" in out.get(k, {}):
+            out[f"vs_{k}"] = out["course"]["tokens_per_s"] / out[k]["tokens_per_s"]
+    return out
+
+
+def train_main(path, configs=("bench", "large"), compile_torch=True):
+    """python -m kernels_src.model.bench --train OUT.json [--config bench|large] [--no-compile]"""
+    res = {"device": device.describe(), "configs": {}}
+    for name in configs:
+        cfg, B, T = TRAIN_CONFIGS[name]
+
+        def save():
+            with open(path, "w") as f:
+                json.dump(res, f, indent=1, default=float)
+
+        res["configs"][name] = out = {}
+        try:
+            train_compare(Config(**cfg), B, T, compile_torch=compile_torch, out=out, save=save)
+        except Exception as e:  # keep what the other config measured
+            import traceback
+
+            out.update(error=f"{type(e).__name__}: {e}", trace=traceback.format_exc()[-2000:])
+        save()
+    return res
+
+
 def main(path, quick=False):
     res = {"device": device.describe(), "bench_config": BENCH, "batch": BATCH, "decode_pos": POS, "stages": {}}
 
@@ -328,5 +426,10 @@ if __name__ == "__main__":
         cfgs = [sys.argv[sys.argv.index("--config") + 1]] if "--config" in sys.argv else ["bench", "large"]
         argv = [a for a in argv if a not in cfgs]
         decode_main(argv[0], cfgs, compile_torch="--no-compile" not in sys.argv)
+    elif "--train" in sys.argv:
+        argv = [a for a in sys.argv[1:] if not a.startswith("--")]
+        cfgs = [sys.argv[sys.argv.index("--config") + 1]] if "--config" in sys.argv else ["bench", "large"]
+        argv = [a for a in argv if a not in cfgs]
+        train_main(argv[0], cfgs, compile_torch="--no-compile" not in sys.argv)
     else:
         main(sys.argv[1], quick="--quick" in sys.argv)
