@@ -16,6 +16,24 @@ def _version(mod: str) -> str | None:
         return None
 
 
+# numba-cuda and the CUDA wheels it needs exist for Linux and Windows only (requirements.lock marks them
+# `sys_platform != "darwin"`); on macOS numba's built-in numba.cuda runs the simulator, and nothing else is needed.
+NUMBA_CUDA_INSTALLABLE = sys.platform != "darwin"
+INSTALL_HINT = ("reinstall the pinned environment: `python make.py venv` (Windows) or delete .venv and run `make test`"
+                if sys.platform == "win32" else "reinstall the pinned environment: delete .venv and run `make test`")
+
+
+def runs_here(gpu: bool, no_ptx: bool) -> str:
+    """One line: what of the course runs on this install."""
+    parts = ["CPU kernels", "GPU kernels on the GPU" if device.MODE == "gpu" else
+             "GPU kernels skipped (KERNELS_DEVICE=cpu)" if device.MODE == "cpu" else "GPU kernels in the CUDA simulator"]
+    parts.append("no PTX check" if no_ptx else "the PTX check (sm_90)")
+    line = ", ".join(parts)
+    if sys.platform == "darwin":
+        line += " (macOS has no numba-cuda: exercises are checked in the simulator here, and for PTX when graded)"
+    return line
+
+
 def doctor() -> int:
     problems: list[tuple[str, str]] = []
     print(f"Python        {platform.python_version()} ({sys.executable})")
@@ -24,10 +42,15 @@ def doctor() -> int:
     np_v, nb_v, nc_v = _version("numpy"), _version("numba"), _version("numba-cuda")
     print(f"numpy         {np_v}")
     print(f"numba         {nb_v}")
-    print(f"numba-cuda    {nc_v or 'NOT INSTALLED'}")
-    if not nc_v:
-        problems.append(("numba-cuda is missing", "pip install 'numba-cuda[cu13]' (or run `make test`, which does)"))
-    if np_v and tuple(int(x) for x in np_v.split(".")[:2]) >= (2, 5):
+    if nc_v:
+        print(f"numba-cuda    {nc_v}")
+    elif not NUMBA_CUDA_INSTALLABLE:
+        print("numba-cuda    not installed: it has no macOS build; numba's built-in numba.cuda runs the simulator")
+    else:
+        print("numba-cuda    NOT INSTALLED")
+        problems.append(("numba-cuda is missing (no PTX check, no real GPU)",
+                         f"{INSTALL_HINT} (it pins numba-cuda[cu13]==0.30.4 on Linux and Windows)"))
+    if nc_v and np_v and tuple(int(x) for x in np_v.split(".")[:2]) >= (2, 5):
         problems.append((f"numpy {np_v}: numba-cuda 0.30 cannot compile kernels with numpy 2.5",
                          "pip install 'numpy<2.5' (the course pins 2.3.5)"))
     ok, why = device.probe_gpu()
@@ -43,19 +66,24 @@ def doctor() -> int:
     print(f"simulator     {'ON: GPU kernels run as Python threads, small sizes only' if device.SIMULATED else 'off'}")
     if not ok and device.MODE != "cpu":
         print("              (that is fine for the course: every GPU exercise is graded in the simulator)")
-    from .ptx import compile_registry_subprocess
+    from .ptx import compile_registry_subprocess, unavailable
 
-    try:
-        res = compile_registry_subprocess("axpy")
-        good = all(r.ok for r in res) and res
-        print(f"PTX (sm_90)   {'works' if good else 'FAILED'}: compiled {sum(r.ok for r in res)} of {len(res)} "
-              "axpy kernels with NVVM")
-        if not good:
-            problems.append(("PTX compilation failed: " + "; ".join(r.message for r in res if not r.ok)[:300],
-                             "pip install 'numba-cuda[cu13]' so NVVM is available"))
-    except Exception as e:  # noqa: BLE001
-        print(f"PTX (sm_90)   FAILED: {str(e).splitlines()[-1] if str(e) else type(e).__name__}")
-        problems.append(("cannot compile to PTX", "pip install 'numba-cuda[cu13]' so NVVM is available"))
+    no_ptx = unavailable()
+    if no_ptx:
+        print(f"PTX (sm_90)   skipped: {no_ptx}")
+    else:
+        try:
+            res = compile_registry_subprocess("axpy")
+            good = all(r.ok for r in res) and res
+            print(f"PTX (sm_90)   {'works' if good else 'FAILED'}: compiled {sum(r.ok for r in res)} of {len(res)} "
+                  "axpy kernels with NVVM")
+            if not good:
+                problems.append(("PTX compilation failed: " + "; ".join(r.message for r in res if not r.ok)[:300],
+                                 f"{INSTALL_HINT}, so that numba-cuda[cu13] brings NVVM"))
+        except Exception as e:  # noqa: BLE001
+            print(f"PTX (sm_90)   FAILED: {str(e).splitlines()[-1] if str(e) else type(e).__name__}")
+            problems.append(("cannot compile to PTX", f"{INSTALL_HINT}, so that numba-cuda[cu13] brings NVVM"))
+    print(f"runs here     {runs_here(ok, bool(no_ptx))}")
     if problems:
         print("\nProblems:")
         for what, fix in problems:

@@ -35,6 +35,21 @@ class PtxResult:
         return head + (f" ({self.ptx_lines} lines of PTX)" if self.ok else f"\n    {self.message}")
 
 
+def unavailable() -> str | None:
+    """Why kernels cannot be compiled to PTX in this install (one line), or None when they can.
+
+    NVVM comes with the numba-cuda package (``numba-cuda[cu13]``). Where it is absent, as on macOS, for which it
+    has no build, ``numba.cuda`` is numba's built-in target: its simulator runs the course's kernels, but it
+    cannot compile them, so the PTX check is skipped there (tests, ``kernels ptx``, ``kernels doctor``)."""
+    from . import compiler
+
+    if compiler.NAME != "numba-builtin":
+        return None
+    where = "it has no macOS build" if sys.platform == "darwin" else "reinstall the pinned environment to get it"
+    return (f"numba-cuda is not installed ({where}); numba's built-in numba.cuda cannot compile to PTX, "
+            "only simulate")
+
+
 def py_func(kernel):
     """The plain Python function behind a real or simulated @cuda.jit kernel."""
     for attr in ("py_func", "fn"):
@@ -79,6 +94,9 @@ def compile_registry(op=None, cc=CC) -> list[PtxResult]:
 
 def compile_registry_subprocess(op=None, cc=CC, timeout=900) -> list[PtxResult]:
     """Run :func:`compile_registry` in a child with the real numba.cuda, and collect its results."""
+    why = unavailable()
+    if why:
+        raise RuntimeError(f"cannot compile to PTX: {why}")
     env = dict(os.environ, KERNELS_DEVICE="ptx", NUMBA_ENABLE_CUDASIM="0")
     code = ("import json,sys; from kernels_src import ptx; "
             f"r = ptx.compile_registry({op!r}, {tuple(cc)!r}); "

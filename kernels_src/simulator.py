@@ -163,6 +163,27 @@ def _follow_cuda_math() -> None:
     kernelapi.swapped_cuda_module = swapped_cuda_module
 
 
+# Where numba keeps its type classes and their NumPy conversion: numba-cuda has its own (numba.cuda.types,
+# numba.cuda.np); numba's built-in numba.cuda (macOS, where numba-cuda cannot be installed) uses numba's core.
+_TYPE_SYSTEMS = (("numba.cuda.types", "numba.cuda.np.numpy_support"), ("numba.core.types", "numba.np.numpy_support"))
+
+
+def as_numpy_dtype(dtype):
+    """``dtype`` as NumPy understands it: a numba scalar type (``float32`` from the compiler door, of either type
+    system) becomes its NumPy dtype; anything else is returned as it is."""
+    import importlib
+
+    for types_mod, support_mod in _TYPE_SYSTEMS:
+        try:
+            base = importlib.import_module(types_mod).Type
+            support = importlib.import_module(support_mod)
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(dtype, base):
+            return support.as_dtype(dtype)
+    return dtype
+
+
 def _make_simulated_shared_arrays_thread_safe() -> None:
     """The shared-array fix (see the module docstring, item 2)."""
     from numba.cuda.simulator import kernelapi
@@ -174,14 +195,11 @@ def _make_simulated_shared_arrays_thread_safe() -> None:
 
     def array(self, shape, dtype, alignment=None):
         if shape == 0:  # dynamic shared memory: one buffer, no lookup to race on
-            return simulator_array(self, shape, dtype, alignment)
+            # (numba's built-in simulator takes no alignment argument)
+            return simulator_array(self, shape, dtype, *(() if alignment is None else (alignment,)))
         if alignment is not None:
             raise RuntimeError("Array alignment is not supported in cudasim")
-        from numba.cuda import types as nb_types
-        from numba.cuda.np import numpy_support
-
-        if isinstance(dtype, nb_types.Type):
-            dtype = numpy_support.as_dtype(dtype)
+        dtype = as_numpy_dtype(dtype)
         caller = sys._getframe(1)
         key = (caller.f_code.co_filename, caller.f_lineno)
         with lock:

@@ -46,6 +46,14 @@ def pytest_collection_modifyitems(config, items):
             if "gpu" in item.keywords:
                 item.add_marker(skip)
 
+    from kernels_src.ptx import unavailable
+
+    if unavailable():  # numba's built-in numba.cuda (the macOS set): it simulates but cannot compile
+        skip = pytest.mark.skip(reason=f"needs NVVM: {unavailable()}")
+        for item in items:
+            if "ptx" in item.keywords:
+                item.add_marker(skip)
+
 
 @pytest.fixture
 def run_python():

@@ -120,6 +120,7 @@ def test_doctor_runs(run_python):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.ptx
 def test_every_gpu_kernel_compiles_to_ptx():
     from kernels_src.ptx import compile_registry_subprocess
 
@@ -128,6 +129,7 @@ def test_every_gpu_kernel_compiles_to_ptx():
     assert results and not bad, "\n".join(bad)
 
 
+@pytest.mark.ptx
 def test_ptx_check_catches_a_typing_error(run_python, tmp_path):
     """The simulator happily runs this kernel; NVVM must refuse it."""
     mod = tmp_path / "badkernel.py"

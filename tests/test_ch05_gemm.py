@@ -94,6 +94,7 @@ def test_tuned_is_the_sweep_winner():
     assert {k: cfg.get(k) for k in want} == want
 
 
+@pytest.mark.ptx
 def test_ptx_hints_vectorize_shared_loads():
     """The chapter's central claim, recompiled: rung 5 has only scalar shared loads, rung 6 (same
     algorithm, plus `tid & (NT-1)` and `alignment=16`) has 16-byte ones, and neither spills."""
@@ -111,6 +112,7 @@ def test_ptx_hints_vectorize_shared_loads():
         assert c["ld.local"] == 0 and c["st.local"] == 0
 
 
+@pytest.mark.ptx
 def test_vec_rungs_emit_16_byte_global_loads():
     """Rungs 10-11: kernels_src.vec.load4 gives ld.global.v4.f32 (and 16-byte stores of C), the 64
     accumulators stay in registers, and the launch bounds keep ptxas at <= 128 registers (2 blocks/SM)."""

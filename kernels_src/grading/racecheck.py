@@ -516,12 +516,9 @@ def instrumented(track_races: bool = True):
     def shared_array(self, shape, dtype, alignment=None):
         if alignment is not None:
             raise RuntimeError("Array alignment is not supported in cudasim")
-        from numba.cuda import types as ctypes_
-        from numba.cuda.np import numpy_support
+        from ..simulator import as_numpy_dtype  # numba-cuda's types or numba's built-in ones (macOS)
 
-        if isinstance(dtype, ctypes_.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        dtype = np.dtype(dtype)
+        dtype = np.dtype(as_numpy_dtype(dtype))
         file, line = _caller(2)
         allocs = self.__dict__.setdefault("_rc_allocations", {})
         if shape == 0:

@@ -1,0 +1,180 @@
+"""Per-platform installs: the lock's markers, make.py (the README's commands without make), doctor's advice.
+
+The macOS set itself is installed and exercised by `.ci/run` (a second venv with exactly the macOS pins, on
+Linux); these tests check the pieces that decide it, and run in both venvs.
+"""
+import importlib.util
+import io
+import re
+import subprocess
+import sys
+import tomllib
+from contextlib import redirect_stdout
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA_ONLY = re.compile(r"^(numba-cuda|cuda-[a-z-]+|nvidia-[a-z0-9-]+)$")
+
+
+def _make():
+    spec = importlib.util.spec_from_file_location("make_py", ROOT / "make.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _names(pins):
+    return {re.sub(r"[-_.]+", "-", p.split("==")[0]).lower(): p.split("==")[1] for p in pins}
+
+
+@pytest.mark.parametrize("platform", ["macos-arm64", "macos-x86_64"])
+def test_macos_set_has_no_cuda_package(platform):
+    mk = _make()
+    for pv in ("3.11", "3.12", "3.13"):
+        names = _names(mk.lock_pins(platform, pv))
+        assert not [n for n in names if CUDA_ONLY.match(n)], "macOS has no build of these"
+        assert names["numba"] == "0.68.1" and names["numpy"] == "2.3.5" and "appnope" in names
+        assert "colorama" not in names and "pywinpty" not in names
+
+
+def test_linux_and_windows_keep_every_cuda_pin():
+    mk = _make()
+    lock = [ln for ln in (ROOT / "requirements.lock").read_text().splitlines() if "==" in ln]
+    cuda_pins = {ln.split(";")[0].strip() for ln in lock if CUDA_ONLY.match(_canon(ln.split("==")[0]))}
+    assert "numba-cuda==0.30.4" in cuda_pins and len(cuda_pins) >= 8
+    for platform in ("linux", "windows"):
+        pins = set(mk.lock_pins(platform, "3.12"))
+        assert cuda_pins <= pins, platform
+    assert {"colorama==0.4.6", "pywinpty==3.1.2"} <= set(mk.lock_pins("windows", "3.12"))
+    linux = _names(mk.lock_pins("linux", "3.12"))
+    assert not {"appnope", "colorama", "pywinpty"} & set(linux)
+
+
+def _canon(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="compares the Linux set with this Linux install")
+def test_this_linux_install_is_the_linux_set():
+    """What is installed here is exactly the lock's Linux set, pin for pin (the macOS CI venv: its own set)."""
+    mk = _make()
+    platform = "linux" if _has("numba-cuda") else "macos-arm64"
+    want = _names(mk.lock_pins(platform))
+    got = {_canon(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    wrong = {n: (v, got.get(n)) for n, v in want.items() if got.get(n) != v}
+    assert not wrong, f"installed versions differ from requirements.lock's {platform} set: {wrong}"
+    extra = [n for n in got if CUDA_ONLY.match(n) and n not in want]
+    assert not extra, f"installed but not in the {platform} set: {extra}"
+
+
+def _has(dist):
+    try:
+        metadata.version(dist)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def test_pyproject_gives_macos_no_numba_cuda():
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    darwin = {"sys_platform": "darwin", "platform_system": "Darwin", "platform_machine": "arm64", "extra": ""}
+    linux = {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64", "extra": ""}
+    for reqs in (project["dependencies"], project["optional-dependencies"]["all"]):
+        cuda = [Requirement(r) for r in reqs if Requirement(r).name == "numba-cuda"]
+        assert len(cuda) == 1 and cuda[0].marker is not None
+        assert not cuda[0].marker.evaluate(darwin) and cuda[0].marker.evaluate(linux)
+        assert not [r for r in reqs if CUDA_ONLY.match(Requirement(r).name) and Requirement(r).name != "numba-cuda"]
+
+
+def test_make_lock_keeps_the_markers():
+    """`make lock` (pip freeze on Linux) must not drop macOS's and Windows's markers and pins."""
+    mk = _make()
+    lock = (ROOT / "requirements.lock").read_text()
+    freeze = "\n".join(mk.lock_pins("linux") + ["pip==26.3", "-e file:///x#egg=kernels-from-scratch"]) + "\n"
+    assert mk.merge_lock(freeze, lock) == lock
+    bumped = freeze.replace("numba-cuda==0.30.4", "numba-cuda==0.30.5")
+    assert 'numba-cuda==0.30.5 ; sys_platform != "darwin"' in mk.merge_lock(bumped, lock)
+
+
+def test_unknown_platform_is_a_clear_error(capsys):
+    mk = _make()
+    with pytest.raises(SystemExit):
+        mk.lock_pins("amiga")
+    assert "unknown platform 'amiga'" in capsys.readouterr().err
+
+
+def test_make_py_needs_no_install():
+    """make.py runs before anything is installed: the standard library only (packaging via pip's copy)."""
+    src = (ROOT / "make.py").read_text()
+    imports = set(re.findall(r"^\s*(?:from|import) ([a-zA-Z_]+)", src, re.M))
+    assert imports <= set(sys.stdlib_module_names) | {"packaging", "pip"}, imports
+    r = subprocess.run([sys.executable, "-I", str(ROOT / "make.py"), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "book" in r.stdout and "test" in r.stdout, r.stderr
+    r = subprocess.run([sys.executable, "-I", str(ROOT / "make.py"), "platforms", "macos", "windows", "--list"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "macos-arm64 (CPython 3.12):" in r.stdout and "pywinpty==3.1.2" in r.stdout
+
+
+def test_makefile_calls_make_py():
+    """One implementation of the two commands: make's book/test/venv targets are make.py's."""
+    text = (ROOT / "Makefile").read_text()
+    for target in ("book", "test", "venv"):
+        assert re.search(rf"\$\(PYTHON\) make\.py {target}\b", text), target
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def _doctor_output(monkeypatch, builtin: bool, darwin: bool) -> tuple[int, str]:
+    from kernels_src import compiler, doctor, ptx
+
+    if builtin:
+        monkeypatch.setattr(compiler, "NAME", "numba-builtin")
+        real = doctor._version
+        monkeypatch.setattr(doctor, "_version", lambda m: None if m == "numba-cuda" else real(m))
+    if darwin:
+        monkeypatch.setattr(sys, "platform", "darwin")
+        monkeypatch.setattr(doctor, "NUMBA_CUDA_INSTALLABLE", False)
+    monkeypatch.setattr(ptx, "compile_registry_subprocess", lambda *a, **k: pytest.fail("must not try PTX"))
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = doctor.doctor()
+    return rc, buf.getvalue()
+
+
+def test_doctor_on_a_mac_says_what_runs_and_asks_for_nothing(monkeypatch):
+    rc, out = _doctor_output(monkeypatch, builtin=True, darwin=True)
+    assert rc == 0, out
+    runs = [ln for ln in out.splitlines() if ln.startswith("runs here")]
+    assert len(runs) == 1 and "CPU kernels" in runs[0] and "no PTX check" in runs[0], out
+    assert "GPU kernels in the CUDA simulator" in runs[0] or "skipped" in runs[0], out
+    assert "PTX (sm_90)   skipped: numba-cuda is not installed (it has no macOS build)" in out
+    assert "pip install" not in out and "No problems found." in out
+
+
+def test_doctor_without_numba_cuda_on_linux_says_reinstall(monkeypatch):
+    rc, out = _doctor_output(monkeypatch, builtin=True, darwin=False)
+    assert rc == 1 and "numba-cuda is missing" in out and "reinstall the pinned environment" in out, out
+    assert "no PTX check" in out
+
+
+def test_kernels_ptx_skips_in_one_line_without_numba_cuda(monkeypatch, capsys):
+    from kernels_src import cli, compiler
+
+    monkeypatch.setattr(compiler, "NAME", "numba-builtin")
+    assert cli.main(["ptx", "axpy"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("PTX check skipped: numba-cuda is not installed"), out
+
+
+@pytest.mark.skipif(_has("numba-cuda"), reason="runs in the macOS set (numba-cuda absent): .ci/run's second venv")
+def test_macos_set_simulates_with_numbas_builtin_cuda():
+    import kernels_src
+    from kernels_src import compiler, ptx
+
+    assert compiler.NAME == "numba-builtin" and ptx.unavailable()
+    assert kernels_src.device.SIMULATED
