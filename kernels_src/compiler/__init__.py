@@ -75,6 +75,11 @@ if USE_MLIR:
         raise ImportError("KERNELS_COMPILER=mlir needs numba-cuda-mlir: pip install numba-cuda-mlir "
                           f"(it was not importable: {e})") from e
     NAME = "numba-cuda-mlir"
+    if _device.MODE == "ptx":  # no GPU: numba-cuda-mlir asks the driver for the host's compute capability
+        import numba_cuda_mlir.tools as _mlir_tools  # type: ignore[import-not-found]
+
+        if getattr(_mlir_tools, "_cached_cc", None) is None:
+            _mlir_tools._cached_cc = (9, 0)  # the H100's, which is what the course compiles for
 else:
     from numba import cuda  # noqa: E402
     from numba.core import types as _types  # noqa: E402
@@ -128,7 +133,7 @@ if _device.SIMULATED:
     def fadd_rn(a, b):
         return _np.float32(_np.float32(a) + _np.float32(b))
 elif USE_MLIR:
-    from numba_cuda_mlir.numba_cuda import libdevice as _libdevice  # type: ignore[import-not-found]
+    from numba_cuda_mlir.cuda import libdevice as _libdevice  # type: ignore[import-not-found]
 
     fmul_rn, fadd_rn, int_as_float = _libdevice.fmul_rn, _libdevice.fadd_rn, _libdevice.int_as_float
 else:

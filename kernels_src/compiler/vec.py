@@ -14,10 +14,16 @@ boundary; ``i`` counts groups of four elements of its flat buffer. Arrays from `
 four does not. Like any CUDA load, nothing is bounds-checked on the GPU: the caller guards ``4*i + 3 < size``
 and handles the tail. In the CUDA simulator they are ordinary Python, indexing (and bounds-checking) the
 four elements.
+
+Under numba-cuda they are Numba intrinsics that emit an LLVM ``<4 x float>`` load/store; under numba-cuda-mlir,
+which lowers through MLIR and runs no llvmlite code, they are overloads on its ``cuda.vector.load``/``store``
+with ``alignment=16``, which emit the same ``ld.global.v4``/``st.global.v4`` (a 2-D array's flat index becomes
+a (row, column) pair there, one integer division more per call).
 """
 from __future__ import annotations
 
 from .. import device
+from . import USE_MLIR as _MLIR  # compiler/__init__.py sets it before it imports this module
 
 if device.SIMULATED:
 
@@ -30,6 +36,68 @@ if device.SIMULATED:
         flat = arr.reshape(-1) if arr.ndim != 1 else arr
         j = 4 * i
         flat[j], flat[j + 1], flat[j + 2], flat[j + 3] = a, b, c, d
+
+elif _MLIR:
+    from numba_cuda_mlir import cuda as _cuda  # type: ignore[import-not-found]
+    from numba_cuda_mlir.cuda import vector_types as _vt  # type: ignore[import-not-found]
+    from numba_cuda_mlir.numba_cuda import types as _types  # type: ignore[import-not-found]
+    from numba_cuda_mlir.numba_cuda.extending import overload  # type: ignore[import-not-found]
+
+    def load4(arr, i):
+        """x.flat[4*i : 4*i + 4] as one 16-byte load (compiled by numba-cuda-mlir)."""
+        raise NotImplementedError("load4 runs only inside a kernel")
+
+    def store4(arr, i, a, b, c, d):
+        """x.flat[4*i : 4*i + 4] = a, b, c, d as one 16-byte store (compiled by numba-cuda-mlir)."""
+        raise NotImplementedError("store4 runs only inside a kernel")
+
+    def _vector_type(arr):
+        name = {_types.float32: "float32x4", _types.int32: "int32x4", _types.uint32: "uint32x4"}.get(arr.dtype)
+        if name is None or arr.layout != "C" or arr.ndim > 3:
+            raise TypeError(f"load4/store4 need a C-contiguous array (1-D to 3-D) of float32, int32 or uint32, "
+                            f"not {arr}")
+        return getattr(_vt, name)
+
+    # cuda.vector.load/store index an array by its own dimensions: the flat index 4*i becomes one index per
+    # dimension (integer divisions by the trailing extents, which the caller keeps multiples of 4).
+    @overload(load4, target="cuda")
+    def _load4(arr, i):
+        _vector_type(arr)
+        if arr.ndim == 1:
+            def impl(arr, i):
+                v = _cuda.vector.load(arr, 4 * i, 4, alignment=16)
+                return v.x, v.y, v.z, v.w
+        elif arr.ndim == 2:
+            def impl(arr, i):
+                j = 4 * i
+                n = arr.shape[1]
+                v = _cuda.vector.load(arr, (j // n, j % n), 4, alignment=16)
+                return v.x, v.y, v.z, v.w
+        else:
+            def impl(arr, i):
+                j = 4 * i
+                n1, n2 = arr.shape[1], arr.shape[2]
+                v = _cuda.vector.load(arr, (j // (n1 * n2), (j // n2) % n1, j % n2), 4, alignment=16)
+                return v.x, v.y, v.z, v.w
+        return impl
+
+    @overload(store4, target="cuda")
+    def _store4(arr, i, a, b, c, d):
+        vec = _vector_type(arr)
+        if arr.ndim == 1:
+            def impl(arr, i, a, b, c, d):
+                _cuda.vector.store(arr, 4 * i, vec(a, b, c, d), alignment=16)
+        elif arr.ndim == 2:
+            def impl(arr, i, a, b, c, d):
+                j = 4 * i
+                n = arr.shape[1]
+                _cuda.vector.store(arr, (j // n, j % n), vec(a, b, c, d), alignment=16)
+        else:
+            def impl(arr, i, a, b, c, d):
+                j = 4 * i
+                n1, n2 = arr.shape[1], arr.shape[2]
+                _cuda.vector.store(arr, (j // (n1 * n2), (j // n2) % n1, j % n2), vec(a, b, c, d), alignment=16)
+        return impl
 
 else:
     from llvmlite import ir
