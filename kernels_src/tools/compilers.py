@@ -1,0 +1,199 @@
+"""numba-cuda and its successor numba-cuda-mlir, side by side on one GPU (the compiler door's evidence).
+
+    python -m kernels_src.tools.compilers measure --out FILE     everything below, with the compiler this process
+                                                                 uses (KERNELS_COMPILER=numba-cuda|mlir)
+    python -m kernels_src.tools.compilers compare A.json B.json --out FILE   the two files as one, with ratios
+
+``measure`` records, for the compiler in use:
+- ``checks``: ``kernels check --backend gpu`` over every registered GPU variant, pass/fail/skip per op and the
+  first line of each failing variant's error;
+- ``launch_us``: the host cost of one launch from Python, by number of array arguments (1024-element kernels,
+  median of 200 launches, the GPU drained before each burst);
+- ``rungs``: the time of each chapter's best GPU rung (the fastest non-baseline variant at the largest size of
+  the committed H100 benchmark, ``book/data/bench/h100/<op>_gpu.json``), through ``bench.bench`` (CUDA events,
+  L2 flushed, median of 20).
+
+Run both compilers in one session on the same GPU, then ``compare``: ratios of the successor's time to
+numba-cuda's are medians taken on the same machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from .. import compiler, device
+from ..paths import BENCH_DATA
+
+H100_BENCH = BENCH_DATA / "h100"
+# One op per chapter whose best rung is timed (chapter: op).
+CHAPTER_OPS = {1: "copy", 4: "gemv", 5: "gemm", 6: "gelu", 7: "layernorm", 8: "softmax", 9: "attention",
+               10: "decode_attention", 11: "qgemv_q8_0", 12: "adamw"}
+
+
+def best_rungs() -> list[dict]:
+    """(chapter, op, variant, size) of each chapter's fastest committed non-baseline GPU rung."""
+    out = []
+    for ch, op in CHAPTER_OPS.items():
+        path = H100_BENCH / f"{op}_gpu.json"
+        if not path.exists():
+            continue
+        rows = [r for r in json.loads(path.read_text())["rows"] if "median_s" in r and not r.get("baseline")]
+        if not rows:
+            continue
+        biggest = max(rows, key=lambda r: np.prod(r["size"]))["size"]
+        best = min((r for r in rows if r["size"] == biggest), key=lambda r: r["median_s"])
+        out.append({"chapter": ch, "op": op, "variant": best["variant"], "size": biggest,
+                    "committed_median_s": best["median_s"]})
+    return out
+
+
+def _checks() -> dict:
+    from ..parity import check
+
+    per_op: dict = {}
+    for r in check(None, "gpu", progress=False):
+        op = r.label.split("/")[0]
+        e = per_op.setdefault(op, {"passed": 0, "failed": 0, "skipped": 0, "failures": {}})
+        if r.skipped:
+            e["skipped"] += 1
+        elif r.ok:
+            e["passed"] += 1
+        else:
+            e["failed"] += 1
+            key = r.label
+            if key not in e["failures"]:
+                e["failures"][key] = " ".join(str(r).split())[:300]
+    return per_op
+
+
+def _launch_cost(n_arrays: int, launches: int = 200) -> float:
+    cuda = compiler.cuda
+    args = ", ".join(f"a{k}" for k in range(n_arrays))
+    body = f"def k({args}):\n    i = cuda.grid(1)\n    if i < a0.size:\n        a0[i] += 1.0\n"
+    ns: dict = {"cuda": cuda}
+    exec(body, ns)  # a kernel with n_arrays array parameters (only the first is touched)
+    kern = cuda.jit(ns["k"])
+    arrays = [cuda.to_device(np.zeros(1024, np.float32)) for _ in range(n_arrays)]
+    kern[4, 256](*arrays)
+    cuda.synchronize()
+    per = []
+    for _ in range(5):
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(launches // 5):
+            kern[4, 256](*arrays)
+        per.append((time.perf_counter() - t0) / (launches // 5) * 1e6)
+        cuda.synchronize()
+    return statistics.median(per)
+
+
+PARTS = ("launch", "rungs", "checks")
+
+
+def measure(parts=PARTS) -> dict:
+    from ..bench import bench, environment
+
+    out = {"compiler": compiler.NAME, "version": compiler.version(), "environment": environment(),
+           "launch_us": {}, "rungs": [], "checks": {}, "parts": list(parts)}
+    for n in ((1, 2, 4, 8) if "launch" in parts else ()):
+        try:
+            out["launch_us"][str(n)] = _launch_cost(n)
+        except Exception as e:  # noqa: BLE001  (a compiler that cannot launch it is the finding)
+            out["launch_us"][str(n)] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    for rung in (best_rungs() if "rungs" in parts else ()):
+        row = dict(rung)
+        try:
+            res = bench(rung["op"], "gpu", variants=[rung["variant"]], sizes=[tuple(rung["size"])], progress=False,
+                        include_peaks=False)
+            r = res["rows"][0]
+            row.update(median_s=r.get("median_s"), skipped=r.get("skipped"))
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        out["rungs"].append(row)
+        print(f"  {row['op']}/{row['variant']} {row['size']}: {row.get('median_s') or row.get('error')}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        if "checks" in parts:
+            out["checks"] = _checks()
+    except Exception:  # noqa: BLE001
+        out["checks_error"] = traceback.format_exc()[-2000:]
+    out["checks_s"] = time.perf_counter() - t0
+    return out
+
+
+def compare(a: dict, b: dict) -> dict:
+    """One file from two ``measure`` results (``a`` numba-cuda, ``b`` numba-cuda-mlir)."""
+    def totals(m):
+        c = m.get("checks", {})
+        return {k: sum(e[k] for e in c.values()) for k in ("passed", "failed", "skipped")}
+
+    ops = sorted(set(a.get("checks", {})) | set(b.get("checks", {})))
+    rungs = []
+    for ra in a["rungs"]:
+        rb = next((r for r in b["rungs"] if r["op"] == ra["op"] and r["variant"] == ra["variant"]), {})
+        ta, tb = ra.get("median_s"), rb.get("median_s")
+        rungs.append({"chapter": ra["chapter"], "op": ra["op"], "variant": ra["variant"], "size": ra["size"],
+                      "numba_cuda_s": ta, "mlir_s": tb, "mlir_error": rb.get("error"),
+                      "ratio_mlir_over_numba_cuda": (tb / ta) if ta and tb else None})
+    ratios = [r["ratio_mlir_over_numba_cuda"] for r in rungs if r["ratio_mlir_over_numba_cuda"]]
+    return {
+        "what": "numba-cuda vs numba-cuda-mlir on one GPU: kernels check --backend gpu, launch cost, best rungs",
+        "numba_cuda": {"version": a["version"], "totals": totals(a), "launch_us": a["launch_us"],
+                       "environment": a["environment"]},
+        "mlir": {"version": b["version"], "totals": totals(b), "launch_us": b["launch_us"],
+                 "environment": b["environment"]},
+        "checks_per_op": {op: {"numba_cuda": a.get("checks", {}).get(op), "mlir": b.get("checks", {}).get(op)}
+                          for op in ops},
+        "rungs": rungs,
+        "median_ratio_mlir_over_numba_cuda": statistics.median(ratios) if ratios else None,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kernels_src.tools.compilers", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure", help="checks, launch cost and best rungs with this process's compiler")
+    m.add_argument("--out", required=True)
+    m.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    c = sub.add_parser("compare", help="merge a numba-cuda and a numba-cuda-mlir measurement")
+    c.add_argument("numba_cuda_json")
+    c.add_argument("mlir_json")
+    c.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    if args.cmd == "measure":
+        if device.MODE != "gpu":
+            print(f"error: measuring compilers needs a real GPU ({device.REASON})", file=sys.stderr)
+            return 2
+        out = Path(args.out)
+        if not out.parent.is_dir():
+            print(f"error: no directory {out.parent}", file=sys.stderr)
+            return 2
+        print(f"measuring {compiler.NAME} {compiler.version()} on {device.describe()['name']}", flush=True)
+        parts = tuple(x.strip() for x in args.parts.split(",") if x.strip())
+        unknown = set(parts) - set(PARTS)
+        if unknown or not parts:
+            print(f"error: --parts takes a subset of {','.join(PARTS)}, not {args.parts!r}", file=sys.stderr)
+            return 2
+        out.write_text(json.dumps(measure(parts), indent=1, default=str))
+        print(f"wrote {out}")
+        return 0
+    paths = [Path(args.numba_cuda_json), Path(args.mlir_json)]
+    for q in paths:
+        if not q.is_file():
+            print(f"error: no file {q}", file=sys.stderr)
+            return 2
+    a, b = (json.loads(q.read_text()) for q in paths)
+    Path(args.out).write_text(json.dumps(compare(a, b), indent=1, default=str))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
