@@ -42,7 +42,7 @@ from ..compiler import cuda, float32, load4, njit, prange, store4
 
 from .. import device
 from ..device import ceil_div
-from ..registry import define_op, register
+from ..registry import define_op, exercise_op, register
 
 ITEM = 4  # bytes per float32
 
@@ -1170,3 +1170,36 @@ def gemm_splitk(C, A, B):
     S = 6, 288 blocks) about 132/48 = 2.7x rung 11, the share of SMs rung 11 leaves idle; no gain (a few %
     lost to the second pass) where rung 11 already fills the GPU."""
     gemm_splitk_launch(C, A, B)
+
+
+# ------------------------------------------------------------------------------- exercise: a dispatch policy
+# Chapter 14's exercise: the dispatcher's rule for one product, written by the reader, graded on shapes.
+# The numbers are kernels_src.runtime.dispatch.DEFAULTS (tests/test_dispatch.py checks that they agree).
+POLICY_GEMV_MAX_M, POLICY_SPLITK_MIN_K, POLICY_SPLITK_MAX_TILES, POLICY_TILE = 1, 1024, 132, 128
+
+
+def dispatch_policy_reference(shapes):
+    """shapes (n, 3) int (M, N, K) -> code (n,) int32: 0 GEMV (M <= 1), 1 split-K (K >= 1024 and fewer than 132
+    output tiles of 128 x 128), 2 the warptile GEMM."""
+    M, N, K = (shapes[:, i].astype(np.int64) for i in range(3))
+    tiles = -(-M // POLICY_TILE) * -(-N // POLICY_TILE)
+    code = np.where(M <= POLICY_GEMV_MAX_M, 0, np.where((K >= POLICY_SPLITK_MIN_K) & (tiles < POLICY_SPLITK_MAX_TILES), 1, 2))
+    return code.astype(np.int32)
+
+
+def dispatch_policy_inputs(size, dtype, rng):
+    """n shapes around every boundary of the rule: M 1 / 2, K 1023 / 1024, 131 / 132 tiles, and the model's."""
+    n = size[0]
+    fixed = [(1, 1536, 512), (2, 1536, 512), (512, 1536, 4096), (4096, 1536, 512), (96, 512, 4096),
+             (1, 96, 100000), (1408, 1536, 1024), (1409, 1536, 1024), (1536, 1408, 1024), (128, 128, 1023),
+             (128, 128, 1024), (129, 129, 1024), (16384, 128, 1024), (16384, 129, 1024), (3, 1, 1)]
+    ms = np.array([1, 2, 3, 127, 128, 129, 500, 1408, 1409, 4096])
+    ks = np.array([1, 64, 1023, 1024, 1025, 4096, 8192])
+    rnd = [(int(rng.choice(ms)), int(rng.choice(ms)), int(rng.choice(ks))) for _ in range(max(0, n - len(fixed)))]
+    return (np.array((fixed + rnd)[:n], dtype=np.int64).reshape(n, 3),)
+
+
+exercise_op("dispatch_policy", reference=dispatch_policy_reference, make_inputs=dispatch_policy_inputs, chapter=14,
+            title="dispatch policy: GEMV, split-K or warptile for an (M, N, K) product", size_names=("n",),
+            kind="memory", output_names=("code",), tol=(0.0, 0.0), flops=lambda s: 0, bytes=lambda s, b: 0,
+            sizes={"check": [(15,), (64,)], "check_sim": [(15,), (64,)], "bench": [(64,)]})

@@ -320,7 +320,10 @@ class Dispatcher:
             if role not in POLICIES:
                 raise DispatchError(f"override for unknown role {role!r}; roles: {', '.join(POLICIES)}")
             _check_variant(key, role, f"override {role}")
-        self._empty = empty or (lambda shape, dtype=np.float32: np.empty(shape, dtype))
+        if empty is None:  # workspaces where the kernels run: host arrays would be copied at every launch
+            empty = ((lambda shape, dtype=np.float32: np.empty(shape, dtype)) if dev == "cpu" or not check
+                     else (lambda shape, dtype=np.float32: device.cuda.device_array(shape, dtype=dtype)))
+        self._empty = empty
         self._ws: dict = {}
         self._cache: dict = {}
 

@@ -6,9 +6,10 @@
 For every (role, M, N, K) of one training step and one decode step of the capstone model (the chapter's
 config and the larger one: 12 layers, width 768, context 1024), and for a grid that locates the thresholds
 (M from 1 to 16 for the GEMV; K from 256 to 8192 against the output's tile count for split-K), each
-candidate plan is run through the dispatcher with the role forced to it, and timed as the model pays for
-it: launches back to back, the device synchronised once per batch, host launch cost included, median of
-batches. cuBLAS (torch, TF32 off) is timed beside them as a yardstick, never as a candidate.
+candidate plan is run through the dispatcher with the role forced to it, checked against float64, and timed
+twice: device time (CUDA events around calls queued behind a spinning kernel: no launch cost, which a CUDA
+graph removes) and host wall time per call (launch cost included). The winner is by device time. cuBLAS
+(torch, TF32 off) is timed beside them as a yardstick, never as a candidate.
 
 The table (JSON) holds every measured entry, with the winner, and thresholds fitted from the grid:
   gemv_max_m        the largest M at which the GEMV won at every grid shape with M' <= M
@@ -86,6 +87,7 @@ def _arrays(role, shape, rng):
 
 
 def _time(fn, reps, batches=5):
+    """Host wall time per call (µs): launches back to back, one synchronisation per batch, median."""
     fn()
     device.synchronize()
     ts = []
@@ -96,6 +98,40 @@ def _time(fn, reps, batches=5):
         device.synchronize()
         ts.append((time.perf_counter() - t0) / reps)
     return float(np.median(ts)) * 1e6
+
+
+_SPIN: dict = {}
+
+
+def _spin_kernel():
+    if "k" not in _SPIN:
+        from ..compiler import cuda
+
+        @cuda.jit
+        def spin(n):  # keeps the GPU busy for about n microseconds
+            for _ in range(n):
+                cuda.nanosleep(1000)
+
+        _SPIN["k"] = spin
+    return _SPIN["k"]
+
+
+def _gpu_time(fn, reps, host_us, batches=5):
+    """Device time per call (µs), without the host's launch cost: a spinning kernel holds the GPU while the
+    host queues the reps calls between two CUDA events, so the calls then run back to back. Median of batches."""
+    cuda = device.cuda
+    spin = _spin_kernel()
+    e0, e1 = cuda.event(), cuda.event()
+    ts = []
+    for _ in range(batches):
+        spin[1, 1](int(min(50000, 1.5 * reps * host_us + 200)))
+        e0.record()
+        for _ in range(reps):
+            fn()
+        e1.record()
+        e1.synchronize()
+        ts.append(cuda.event_elapsed_time(e0, e1) * 1e3 / reps)
+    return float(np.median(ts))
 
 
 def _reference(role, a, b):
@@ -119,7 +155,7 @@ def tune(shapes, progress=True, torch_yardstick=True) -> list[dict]:
         flops = 2.0 * shape[0] * shape[1] * shape[2]
         reps = int(min(50, max(3, 2e9 / flops)))
         want = _reference(role, A.copy_to_host(), B.copy_to_host())
-        us, errors = {}, {}
+        us, host, errors = {}, {}, {}
         for key in candidates(role, shape):
             d = D.Dispatcher("gpu", table={}, overrides={role: key})
             fn = d.pick(role, Y, A, B).fn
@@ -131,20 +167,22 @@ def tune(shapes, progress=True, torch_yardstick=True) -> list[dict]:
                 if not np.isfinite(err) or err > 1e-4:  # a wrong result never wins
                     errors[key] = f"relative error {err:.3g}"
                     continue
-                us[key] = _time(lambda: fn(Y, A, B), reps)
+                host[key] = _time(lambda: fn(Y, A, B), reps)
+                us[key] = _gpu_time(lambda: fn(Y, A, B), reps, host[key])
             except Exception as e:  # noqa: BLE001 - a candidate that cannot run is recorded, not fatal
                 errors[key] = f"{type(e).__name__}: {e}"
-        e = {"role": role, "shape": list(shape), "best": min(us, key=us.get), "us": us}
+        e = {"role": role, "shape": list(shape), "best": min(us, key=us.get), "us": us, "host_us": host}
         if errors:
             e["errors"] = errors
         if torch is not None:
             ta, tb = (torch.as_tensor(x, device="cuda") for x in (A, B))
             f = {"gemm": lambda: ta @ tb, "gemm_nt": lambda: ta @ tb.T, "gemm_tn": lambda: ta.T @ tb}[role]
-            e["cublas_us"] = _time(lambda: f(), reps)
+            hu = _time(lambda: f(), reps)
+            e["cublas_us"] = _gpu_time(lambda: f(), reps, hu)
         entries.append(e)
         if progress:
             print(f"{role:8s} {'x'.join(map(str, shape)):>16s}  best {e['best']:30s} "
-                  + "  ".join(f"{k.split('/')[-1]} {v:.0f}" for k, v in us.items())
+                  + "  ".join(f"{k.split('/')[-1]} {v:.0f} ({host[k]:.0f})" for k, v in us.items())
                   + (f"  cublas {e['cublas_us']:.0f}" if "cublas_us" in e else ""), flush=True)
     return entries
 
@@ -188,7 +226,10 @@ def autotune(out=None, quick=False, progress=True) -> dict:
     desc = device.describe()
     table = {"schema": D.SCHEMA, "device": desc.get("name"), "date": datetime.date.today().isoformat(),
              "command": "kernels autotune" + (" --quick" if quick else ""),
-             "timing": "host wall time per call, launches back to back, median of 5 batches (launch cost included)",
+             "timing": "us: device time per call (CUDA events around calls queued behind a spinning kernel, so "
+                       "no launch cost), median of 5 batches; host_us: host wall time per call, launches back to "
+                       "back (launch cost included). The winner is by device time: host cost is the launch "
+                       "plans' and CUDA graphs' job (kernels_src.runtime)",
              "thresholds": fit_thresholds(entries), "entries": entries, "seconds": time.perf_counter() - t0}
     D.validate_table(table, "the new table")
     path = Path(out) if out else D.TABLES / f"{D.device_slug(desc.get('name', 'gpu'))}.json"
