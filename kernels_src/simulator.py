@@ -20,7 +20,14 @@ simulator (the course's tests, ``kernels check``, the notebooks and the autograd
    error, custom classes): the error was lost and a barrier the dead thread never reached was blamed
    instead. See :func:`_keep_thread_exceptions`.
 
-:func:`install` applies all three; :mod:`kernels_src.device` calls it when it chooses the simulator.
+4. **The fake ``cuda`` module stays in place while any thread of a block uses it.** numba's built-in simulator
+   (numba.cuda without the numba-cuda package, as on macOS) swaps a module's ``cuda`` for its fake one per thread,
+   with no count, so one thread's exit can pull it from under another; see :func:`_thread_safe_cuda_swap`.
+
+Both simulators are served: numba-cuda's and numba's built-in one (they differ in where numba keeps its types,
+:func:`as_numpy_dtype`, and in item 4).
+
+:func:`install` applies all four; :mod:`kernels_src.device` calls it when it chooses the simulator.
 
 What is still not like a GPU: plain Python arithmetic on two Python floats (``1.0 / 0.0`` raises
 ZeroDivisionError), though values read from arrays are NumPy scalars, which follow IEEE rules; and the
@@ -141,6 +148,51 @@ def cuda_math_for(fn):
             if entry[0] == 0:
                 globs.update(entry[1])
                 del _swap_depth[key]
+
+
+def _thread_safe_cuda_swap() -> None:
+    """Give numba's built-in simulator the thread-safe module swap that numba-cuda's has (item 4).
+
+    Around every simulated kernel and device-function call, the simulator points the function's module-level
+    ``cuda`` at its fake CUDA module, and points it back on exit. numba's built-in version (numba.cuda without
+    the numba-cuda package, as on macOS) does this per thread with no count: when the threads of a block call a
+    device function of the same module at once, the first to return restores the real ``numba.cuda`` while the
+    others still run, and they fail with ``module 'numba.cuda' has no attribute 'threadIdx'`` (now and then:
+    it is a race). numba-cuda counts entries per module under a lock and restores on the last exit; the same
+    is done here when the installed simulator does not already."""
+    from numba.cuda.simulator import kernel, kernelapi
+
+    if hasattr(kernelapi, "_swap_refcount") or getattr(kernelapi, "_kernels_counted_swap", False):
+        return  # numba-cuda's simulator (already counted), or done before
+    lock = threading.Lock()
+    counts: dict = {}  # id(globals dict) -> [entries, {name: the real numba.cuda}]
+
+    @contextlib.contextmanager
+    def swapped_cuda_module(fn, fake_cuda_module):
+        from numba import cuda
+
+        globs = fn.__globals__
+        key = id(globs)
+        with lock:
+            entry = counts.get(key)
+            if entry is None:
+                orig = {k: v for k, v in globs.items() if v is cuda}
+                entry = counts[key] = [0, orig]
+                globs.update({k: fake_cuda_module for k in orig})
+            entry[0] += 1
+        try:
+            yield
+        finally:
+            with lock:
+                entry[0] -= 1
+                if entry[0] == 0:
+                    globs.update(entry[1])
+                    del counts[key]
+
+    kernelapi._kernels_counted_swap = True
+    swapped_cuda_module.simulator_original = kernel.swapped_cuda_module
+    kernel.swapped_cuda_module = swapped_cuda_module
+    kernelapi.swapped_cuda_module = swapped_cuda_module
 
 
 def _follow_cuda_math() -> None:
@@ -270,5 +322,6 @@ def _keep_thread_exceptions() -> None:
 def install() -> None:
     """Apply every fix; idempotent. Call only when numba.cuda is the simulator."""
     _make_simulated_shared_arrays_thread_safe()
+    _thread_safe_cuda_swap()  # before _follow_cuda_math, which wraps the swap
     _follow_cuda_math()
     _keep_thread_exceptions()

@@ -178,3 +178,30 @@ def test_macos_set_simulates_with_numbas_builtin_cuda():
 
     assert compiler.NAME == "numba-builtin" and ptx.unavailable()
     assert kernels_src.device.SIMULATED
+
+
+def test_simulated_device_function_of_another_module_keeps_the_fake_cuda(tmp_path, monkeypatch):
+    """A block's threads inside a device function of another module: numba's built-in simulator (the macOS
+    set) swapped that module's ``cuda`` back to the real one when the first thread returned, so the others
+    failed with "module 'numba.cuda' has no attribute 'threadIdx'". kernels_src.simulator counts entries."""
+    import numpy as np
+
+    import kernels_src
+    from kernels_src.device import simulator_speedup
+
+    if not kernels_src.device.SIMULATED:
+        pytest.skip("simulator only")
+    (tmp_path / "p37_dev.py").write_text(
+        "from kernels_src.compiler import cuda\n\n@cuda.jit(device=True)\ndef tid(x):\n    s = 0\n"
+        "    for _ in range(200):\n        s += cuda.threadIdx.x\n    return x + s // 200\n")
+    (tmp_path / "p37_kern.py").write_text(
+        "from kernels_src.compiler import cuda\nfrom p37_dev import tid\n\n@cuda.jit\ndef k(out):\n"
+        "    out[cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x] = tid(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import p37_kern
+
+    for _ in range(3):
+        out = np.full(128, -1, np.int64)
+        with simulator_speedup():
+            p37_kern.k[2, 64](out)
+        np.testing.assert_array_equal(out, np.tile(np.arange(64), 2))
