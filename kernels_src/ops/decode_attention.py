@@ -13,7 +13,9 @@ Split-K. Partition the n rows into S chunks; block (s, b, kv head) computes, for
 heads, the partial output O_s (normalised over its chunk) and lse_s = m_s + log(sum_l exp(score_l - m_s)).
 The merge (op attn_merge) is exact:  o = sum_s w_s O_s,  w_s = exp(lse_s - M) / sum_r exp(lse_r - M),
 M = max_s lse_s; an empty chunk has lse = -inf and weight 0. The merge adds S in a fixed order, so the
-result is bitwise deterministic (no atomics).
+result is bitwise deterministic (no atomics). S is chosen on the host from the cache's capacity L (the grid
+of a replayed CUDA graph cannot change); the rows per split are chosen on the device from the filled length
+n = lengths[b] (``filled_chunk``): the n rows spread over all S splits, and splits past them exit at once.
 
 Ladder (decode_attention)
   cpu/loop      rung 1  per (b, query head): scores, max, exp-sum, weighted sum of V rows
@@ -263,6 +265,17 @@ QUARTERS = THREADS // TILE  # each row's dot product is split over this many thr
 _kernels: dict = {}
 
 
+@cuda.jit(device=True, inline="always")
+def filled_chunk(n, splits, chunk):
+    """Rows per split for a sequence whose cache holds n rows: the filled rows spread over all ``splits``
+    blocks, in whole tiles, never more than ``chunk`` (the host's size for a full cache). The grid is sized
+    for the allocated cache L (in a replayed CUDA graph it cannot change), but the work follows the length
+    read from the device: at n << L every split still gets a share, and the splits past the last filled
+    row exit at once."""
+    per = (n + splits - 1) // splits
+    return min(chunk, (per + TILE - 1) // TILE * TILE)
+
+
 def make_decode_kernel(g, dp, tl=TILE, nt=THREADS):
     """Block (split s, b * Hkv + kv head): rows [s*chunk, min(n, (s+1)*chunk)) of one cache head for
     its G query heads. ``g`` (group size) and ``dp`` (D rounded up to 32) are compile-time constants,
@@ -293,8 +306,15 @@ def make_decode_kernel(g, dp, tl=TILE, nt=THREADS):
         d_n = q.shape[2]
         scale = float32(1.0) / math.sqrt(float32(d_n))
         n = lengths[b]
-        lo = split * chunk
-        hi = min(n, lo + chunk)
+        c = filled_chunk(n, cuda.gridDim.x, chunk)
+        lo = split * c
+        hi = min(n, lo + c)
+        if lo >= hi:  # a split past the filled rows: an empty partial (O = 0, lse = -inf), nothing read
+            for j in range(tid, g * d_n, nt):
+                o_part[b, kh * g + j // d_n, split, j % d_n] = ZERO
+            if tid < g:
+                lse[b, kh * g + tid, split] = NEG_INF
+            return
         for j in range(tid, g * dp, nt):  # q of the G heads, pre-scaled, zero-padded to dp
             gg = j // dp
             d = j % dp
@@ -653,8 +673,15 @@ def make_rows_kernel(g, dpl, shuffle, rows=ROWS, nw=WARPS):
         d_n = q.shape[2]
         scale = float32(1.0) / math.sqrt(float32(d_n))
         n = lengths[b]
-        lo = split * chunk
-        hi = min(n, lo + chunk)
+        c = filled_chunk(n, cuda.gridDim.x, chunk)
+        lo = split * c
+        hi = min(n, lo + c)
+        if lo >= hi:  # a split past the filled rows: an empty partial, nothing read
+            for j in range(tid, g * d_n, nt):
+                o_part[b, kh * g + j // d_n, split, j % d_n] = ZERO
+            if tid < g:
+                lse[b, kh * g + tid, split] = NEG_INF
+            return
         for gg in range(g):
             m[gg] = NEG_INF
             ls[gg] = ZERO

@@ -211,8 +211,10 @@ POLICIES: dict[str, list[Rule]] = {
                    why="the mean loss (ch 7)")],
     "adamw": [_fixed("adamw/cpu/prange", "adamw/gpu/fused_ilp4", "adamw/gpu/fused",
                      why="one fused pass over p, g, m, v (ch 12)")],
-    "decode_attention": [_fixed("decode_attention/cpu/prange", "decode_attention/gpu/splitk",
-                                "decode_attention/gpu/block", why="flash-decoding: the cache split over blocks (ch 10)")],
+    "decode_attention": [_fixed("decode_attention/cpu/prange", "decode_attention/gpu/splitk_shfl",
+                                "decode_attention/gpu/block",
+                                why="flash-decoding: the cache split over blocks, rows per warp with shuffle sums; the "
+                                "rows per split follow the filled length (ch 10)")],
     **{f"qgemv_{f}": [_fixed(f"qgemv_{f}/cpu/fused_prange", f"qgemv_{f}/gpu/rows", f"qgemv_{f}/gpu/warp_per_row",
                              why="dequantize in registers while reading packed weights (ch 11)",
                              when=lambda s, t: s["K"] % 32 == 0, limit="K a multiple of 32")] for f in ("q8_0", "q4_0")},
