@@ -166,10 +166,10 @@ class GPT:
         self.act = act = {"B": B, "T": T, "ids": ids_d, "kv_len": kv_len}
         x = be.ws("x0", (N, C))
         be("embedding", x, ids_d, p["wte"])                              # x (N,C) = wte[ids]
+        be("rmsnorm", be.ws("0.h1", (N, C)), be.ws("0.r1", (N,)), x, p["h0.g1"])  # h1 (N,C), rstd (N,)
         for i in range(cfg.layers):
             a = act[i] = {"x": x}
-            a["r1"], a["h1"] = be.ws(f"{i}.r1", (N,)), be.ws(f"{i}.h1", (N, C))
-            be("rmsnorm", a["h1"], a["r1"], x, p[f"h{i}.g1"])            # h1 (N,C), rstd (N,)
+            a["r1"], a["h1"] = be.ws(f"{i}.r1", (N,)), be.ws(f"{i}.h1", (N, C))  # written by the add before
             qkv = be.ws(f"{i}.qkv", (N, 3 * C))
             be("gemm", qkv, a["h1"], p[f"h{i}.wqkv"])                    # (N,3C) = (B,T,3H,D)
             q, k, v = (be.ws(f"{i}.{n}", (B, H, T, D)) for n in "qkv")
@@ -181,21 +181,22 @@ class GPT:
             att = be.ws(f"{i}.att", (N, C))
             be("gemm", att, om.reshape(N, C), p[f"h{i}.wo"])
             xm = be.ws(f"{i}.xm", (N, C))
-            add(be, xm, att, x)                       # residual
             a.update(q=q, k=k, v=v, o=o, lse=lse, om=om, xm=xm)
             a["r2"], a["h2"] = be.ws(f"{i}.r2", (N,)), be.ws(f"{i}.h2", (N, C))
-            be("rmsnorm", a["h2"], a["r2"], xm, p[f"h{i}.g2"])
+            be("add_rmsnorm", xm, a["h2"], a["r2"], att, x, p[f"h{i}.g2"])  # xm = att + x (residual), h2
             u, gl = be.ws(f"{i}.u", (N, F)), be.ws(f"{i}.gl", (N, F))
             be("gemm", u, a["h2"], p[f"h{i}.wfc"])                       # (N,F)
             be("gelu", gl.reshape(-1), u.reshape(-1))
             mlp = be.ws(f"{i}.mlp", (N, C))
             be("gemm", mlp, gl, p[f"h{i}.wproj"])                        # (N,C)
             x = be.ws(f"{i}.xout", (N, C))
-            add(be, x, mlp, xm)                       # residual
+            last = i + 1 == cfg.layers  # x = mlp + xm (residual), then the next norm: layer i+1's or the final
+            hn, rn = (be.ws("xf", (N, C)), be.ws("rf", (N,))) if last else (be.ws(f"{i + 1}.h1", (N, C)),
+                                                                          be.ws(f"{i + 1}.r1", (N,)))
+            be("add_rmsnorm", x, hn, rn, mlp, xm, p["gf"] if last else p[f"h{i + 1}.g1"])
             a.update(u=u, gl=gl)
         act["xL"] = x
         act["rf"], act["xf"] = be.ws("rf", (N,)), be.ws("xf", (N, C))
-        be("rmsnorm", act["xf"], act["rf"], x, p["gf"])
         logits = be.ws("logits", (N, V))
         mm_dx(be, logits, act["xf"], p["wte"])                     # tied head: xf wte^T (N,V)
         act["logits"] = logits
@@ -337,20 +338,19 @@ class GPT:
         qkv, q, o = be.ws("dec.qkv", (B, 3 * C)), be.ws("dec.q", (B, H, 1, D)), be.ws("dec.o", (B, H, D))
         att, xm = be.ws("dec.att", (B, C)), be.ws("dec.xm", (B, C))
         u, gl, mlp = be.ws("dec.u", (B, F)), be.ws("dec.gl", (B, F)), be.ws("dec.mlp", (B, C))
+        be("rmsnorm", h, r, x, p["h0.g1"])
         for i in range(cfg.layers):
             K, Vc = cache[i]
-            be("rmsnorm", h, r, x, p[f"h{i}.g1"])
             matmul(qkv, h, f"h{i}.wqkv")
             be("rope_qkv", q, K, Vc, qkv.reshape(B, 1, 3 * H, D), start, self.cos, self.sin, H, cfg.ctx)
             be("decode_attention", o, q.reshape(B, H, D), K, Vc, lengths)
             matmul(att, o.reshape(B, C), f"h{i}.wo")                     # (B,H,D) is already (B,C)
-            add(be, xm, att, x)
-            be("rmsnorm", h, r, xm, p[f"h{i}.g2"])
+            be("add_rmsnorm", xm, h, r, att, x, p[f"h{i}.g2"])          # xm = att + x; h = norm2(xm)
             matmul(u, h, f"h{i}.wfc")
             be("gelu", gl.reshape(-1), u.reshape(-1))
             matmul(mlp, gl, f"h{i}.wproj")
-            add(be, x, mlp, xm)
-        be("rmsnorm", h, r, x, p["gf"])
+            g_next = p[f"h{i + 1}.g1"] if i + 1 < cfg.layers else p["gf"]
+            be("add_rmsnorm", x, h, r, mlp, xm, g_next)                 # x = mlp + xm; h = the next norm of x
         logits = be.ws("dec.logits", (B, V))
         if qweights is None:
             mm_dx(be, logits, h, p["wte"])

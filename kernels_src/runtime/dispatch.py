@@ -179,6 +179,8 @@ POLICIES: dict[str, list[Rule]] = {
     "transpose": [_fixed("transpose/cpu/prange", "transpose/gpu/smem", why="tiled through shared memory (ch 13)")],
     "rmsnorm": [_fixed("rmsnorm/cpu/loop", "rmsnorm/gpu/regs_shfl", "rmsnorm/gpu/regs",
                        why="one row per block in registers; warp shuffles on a real GPU (ch 7)")],
+    "add_rmsnorm": [_fixed("add_rmsnorm/cpu/loop", "add_rmsnorm/gpu/shfl", "add_rmsnorm/gpu/smem",
+                           why="residual add + the next RMSNorm in one launch; shuffle sums on a real GPU (ch 14)")],
     "rmsnorm_bwd": [_fixed("rmsnorm_bwd/cpu/loop", "rmsnorm_bwd/gpu/regs_shfl", "rmsnorm_bwd/gpu/regs",
                            why="one row per block in registers (ch 7)")],
     "rope_qkv": [_fixed("rope_kv_write/cpu/loop", "rope_kv_write/gpu/token", why="RoPE, head split and cache "
