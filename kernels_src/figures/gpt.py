@@ -111,10 +111,12 @@ def train(model: GPT, tokens, steps, batch, ctx, lr, warmup=10, seconds=None, se
         hist["step"].append(s + 1)
         hist["loss"].append(loss)
         hist["tokens"] += ids.size
-        if val is not None and ((s + 1) % every == 0 or s == steps - 1):
+        out_of_time = seconds is not None and time.perf_counter() - t0 > seconds
+        # held-out loss every `every` steps, after the first step, and at the last step (also when time runs out)
+        if val is not None and (s == 0 or (s + 1) % every == 0 or s == steps - 1 or out_of_time):
             hist["val_step"].append(s + 1)
             hist["val"].append(evaluate(model, val, batch, ctx))
-        if seconds is not None and time.perf_counter() - t0 > seconds:
+        if out_of_time:
             break
     hist["seconds"] = time.perf_counter() - t0
     return hist

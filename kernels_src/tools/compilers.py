@@ -54,11 +54,31 @@ def best_rungs() -> list[dict]:
     return out
 
 
-def _checks() -> dict:
+def _checks(save=None) -> dict:
+    """Per op: GPU checks passed/failed/skipped and each failing variant's first error. ``save(per_op)`` is
+    called after every op, so a run cut short keeps what it measured."""
     from ..parity import check
+    from .. import ops as _all_ops  # noqa: F401  (registers every op)
+    from ..registry import ops
 
     per_op: dict = {}
-    for r in check(None, "gpu", progress=False):
+    for op in ops():
+        if not any(v.backend == "gpu" for v in op.variants):
+            continue
+        try:
+            reports = check(op.name, "gpu", progress=False)
+        except Exception as e:  # noqa: BLE001  (an op whose module cannot even be checked: all of it failed)
+            per_op[op.name] = {"passed": 0, "failed": 1, "skipped": 0,
+                               "failures": {op.name: f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}}
+            reports = []
+        _count(per_op, reports)
+        if save is not None:
+            save(per_op)
+    return per_op
+
+
+def _count(per_op: dict, reports) -> None:
+    for r in reports:
         op = r.label.split("/")[0]
         e = per_op.setdefault(op, {"passed": 0, "failed": 0, "skipped": 0, "failures": {}})
         if r.skipped:
@@ -70,7 +90,6 @@ def _checks() -> dict:
             key = r.label
             if key not in e["failures"]:
                 e["failures"][key] = " ".join(str(r).split())[:300]
-    return per_op
 
 
 def _launch_cost(n_arrays: int, launches: int = 200) -> float:
@@ -97,7 +116,7 @@ def _launch_cost(n_arrays: int, launches: int = 200) -> float:
 PARTS = ("launch", "rungs", "checks")
 
 
-def measure(parts=PARTS) -> dict:
+def measure(parts=PARTS, save=None) -> dict:
     from ..bench import bench, environment
 
     out = {"compiler": compiler.NAME, "version": compiler.version(), "environment": environment(),
@@ -121,7 +140,13 @@ def measure(parts=PARTS) -> dict:
     t0 = time.perf_counter()
     try:
         if "checks" in parts:
-            out["checks"] = _checks()
+            def partial(per_op):
+                out["checks"] = per_op
+                out["checks_s"] = time.perf_counter() - t0
+                if save is not None:
+                    save(out)
+
+            out["checks"] = _checks(partial)
     except Exception:  # noqa: BLE001
         out["checks_error"] = traceback.format_exc()[-2000:]
     out["checks_s"] = time.perf_counter() - t0
@@ -181,7 +206,10 @@ def main(argv=None) -> int:
         if unknown or not parts:
             print(f"error: --parts takes a subset of {','.join(PARTS)}, not {args.parts!r}", file=sys.stderr)
             return 2
-        out.write_text(json.dumps(measure(parts), indent=1, default=str))
+        def save(result):
+            out.write_text(json.dumps(result, indent=1, default=str))
+
+        save(measure(parts, save))
         print(f"wrote {out}")
         return 0
     paths = [Path(args.numba_cuda_json), Path(args.mlir_json)]
