@@ -85,7 +85,29 @@ def test_hints_for_classic_mistakes():
     assert "no element of the output was written" in _hints("cpu", nothing, ref)
     sums = np.array([5.0, 6.0, 7.0])
     assert "last output element" in _hints("gpu", [5.0, 6.0, 1.0], sums, launch, inputs=(np.zeros(300),))
-    assert "produced NaN" in _hints("cpu", np.where(ref > 100, np.nan, ref), ref)
+    assert "made NaN" in _hints("cpu", np.where(ref > 100, np.nan, ref), ref)
+
+
+def test_nan_hint_says_where_the_nan_came_from():
+    """The NaN hint names the first element, the inputs there and the likely cause (issue 28)."""
+    x = np.array([1.0, np.inf, 2.0, 0.0], np.float32)
+    ref = np.array([1.0, 5.0, 2.0, 3.0])  # a reference that keeps the infinite input finite
+    got = np.array([1.0, np.nan, 2.0, 3.0], np.float32)
+    text = _hints("cpu", got, ref, inputs=(x,))
+    assert "index (1,)" in text and "= inf" in text and "inf - inf" in text, text
+    got = np.array([1.0, 5.0, 2.0, np.nan], np.float32)
+    assert "0 / 0" in _hints("cpu", got, ref, inputs=(x,))
+    got = np.array([np.inf, 5.0, 2.0, 3.0], np.float32)
+    assert "overflowed" in _hints("cpu", got, ref, inputs=(x,))
+    sums = np.array([1.0, 2.0])
+    assert "not zeroed" in _hints("gpu", [np.nan, 2.0], sums, inputs=(np.zeros(300),))
+
+
+def test_every_marker_in_a_failed_report_is_explained():
+    text = ("out shape (4,): 1 of 4 elements wrong\n  index (3,): expected 1, got nan  <- never written (still the "
+            "poison value)\n  (allowed: |err| <= 1e-06 + 1e-05*|expected|)\nn=7, edge values: FAILED")
+    legend = " ".join(checks.legend_lines(text))
+    assert "poison" in legend and "tolerance" in legend and "zeros, -0.0" in legend
 
 
 def test_plan_mode_records_specs_without_running():

@@ -30,7 +30,7 @@ import json
 import os
 import sys
 
-from .checks import CheckSpec, GraderError, Verdict, run_check  # noqa: F401
+from .spec import CheckSpec, GraderError, Verdict  # noqa: F401
 
 __all__ = ["check_cpu", "check_gpu", "CheckSpec", "Verdict", "GraderError", "run_check", "racecheck"]
 
@@ -80,6 +80,8 @@ def _dispatch(spec: CheckSpec, seed):
         if bundle is None:
             raise RuntimeError("check_cpu/check_gpu grade the cells of a running notebook; outside Jupyter, "
                                "use kernels_src.grading.run_check(spec, bundle) or `kernels grade`")
+        from .checks import run_check
+
         verdict = run_check(spec, bundle, seed=seed)
     if not verdict.passed:  # otter shows the message of the failed test: print nothing twice
         raise AssertionError("\n" + verdict.feedback)
@@ -96,6 +98,13 @@ def _lookup(path: str, spec: CheckSpec) -> Verdict:
     except (OSError, ValueError, KeyError):
         return Verdict(spec.key, spec.title, False, f"{spec.title}: no verdict from the grader for this check "
                        "(it is graded separately; see the autograder's results)", status="error")
+
+
+def run_check(spec, bundle, seed=None):
+    """Grade one check of ``bundle`` (see :func:`kernels_src.grading.checks.run_check`)."""
+    from .checks import run_check as _run
+
+    return _run(spec, bundle, seed=seed)
 
 
 class collect_plan:

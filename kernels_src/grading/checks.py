@@ -12,74 +12,17 @@ failed, on which shape, the first mismatches, and a hint for the classic causes.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import secrets
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from .. import parity
 from . import exercise_ops, sandbox
 from .bundle import Bundle
-
-
-@dataclass(frozen=True)
-class CheckSpec:
-    kind: str  # "cpu" (an @njit function) or "gpu" (a launcher and its @cuda.jit kernels)
-    function: str  # the name the student's notebook must define
-    op: str  # a registered op or an exercise op: gives the reference, inputs, sizes and tolerance
-    kernels: tuple = ()  # GPU: names of the @cuda.jit kernels the launcher must launch
-    sizes: tuple | None = None  # default: the op's "check" sizes (CPU) or "check_sim" sizes (GPU)
-    edge: bool = False  # also run the op's edge-value inputs (zeros, inf, NaN, ...)
-    hidden: bool = False
-    dtype: str = "float32"
-    racecheck: bool = True
-    ptx: bool = True
-    forbid: tuple = ()  # extra forbidden names, e.g. ("np.add",)
-    allow: tuple = ()  # default-forbidden NumPy names this exercise allows, e.g. ("sum",)
-    args: tuple = ()  # argument names for messages, e.g. ("out", "a", "x", "y")
-    timeout: float | None = None
-
-    @property
-    def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True, default=list)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-    @property
-    def title(self) -> str:
-        hidden = ", hidden test" if self.hidden else ""
-        if self.kind == "gpu":
-            ks = ", ".join(f"`{k}`" for k in self.kernels)
-            return f"`{self.function}` (GPU launcher of {ks}{hidden})" if ks else f"`{self.function}` (GPU{hidden})"
-        return f"`{self.function}` (CPU, Numba{hidden})"
-
-
-@dataclass
-class Verdict:
-    key: str
-    title: str
-    passed: bool
-    feedback: str
-    seed: int = 0
-    seconds: float = 0.0
-    status: str = "ok"  # ok | fail | error (the grader itself failed: never the student's fault)
-    flags: list = field(default_factory=list)  # instructor notes: suspicious constructs in the code
-    timed_out: bool = False  # the student's code did not finish within the check's time limit
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Verdict":
-        return cls(**d)
-
-
-class GraderError(RuntimeError):
-    """The exercise itself is broken (e.g. every reference output is zero): an author's bug."""
+from .spec import CheckSpec, GraderError, Verdict  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------------ cases
@@ -124,7 +67,7 @@ _ptx_cache: dict = {}
 _ptx_lock = threading.Lock()
 
 
-def _ptx_results(bundle: Bundle, items: list[dict], timeout: float) -> list[dict]:
+def _ptx_results(bundle: Bundle, items: list[dict], timeout: float, pack: dict | None = None) -> list[dict]:
     todo = []
     results = {}
     with _ptx_lock:
@@ -136,7 +79,7 @@ def _ptx_results(bundle: Bundle, items: list[dict], timeout: float) -> list[dict
                 todo.append(it)
     if todo:
         for attempt in range(2):  # an environment hiccup (driver probing, a busy machine) gets one retry
-            res = sandbox.run({"mode": "ptx", "ptx": todo, "line_map": bundle.line_map}, bundle.source,
+            res = sandbox.run({"mode": "ptx", "ptx": todo, "line_map": bundle.line_map, "pack": pack or {}}, bundle.source,
                               device_mode="ptx", timeout=timeout)
             infra = (res.status in ("no_result", "memory") or "CudaSupportError" in res.message
                      or "driver" in res.message.lower())
@@ -226,9 +169,7 @@ def hints_for_mismatch(spec, got, ref, bad, unwritten, launches, inputs=()) -> l
                      "and the guard must be `i < n`)")
     produced_nan = (~unwritten) & ~np.isfinite(got) & np.isfinite(ref)
     if produced_nan.any():
-        hints.append(f"your code produced NaN or Inf at {int(produced_nan.sum())} element(s) where the result is "
-                     "finite: reading memory that was never initialised (np.empty and cuda.shared.array are not "
-                     "zeroed), or a division by zero?")
+        hints.append(nan_hint(spec, got, ref, produced_nan, inputs, elementwise))
     written_bad = flat_bad & ~flat_unw
     if written_bad.any() and ref.ndim == 1 and n > 2:
         g = got.reshape(-1).astype(np.float64)
@@ -254,6 +195,76 @@ def hints_for_mismatch(spec, got, ref, bad, unwritten, launches, inputs=()) -> l
     return hints
 
 
+def nan_hint(spec, got, ref, produced, inputs, elementwise) -> str:
+    """Where a NaN or Inf that the reference does not have came from, as far as the inputs tell."""
+    flat = np.flatnonzero(produced.reshape(-1))
+    first = int(flat[0])
+    idx = tuple(int(i) for i in np.unravel_index(first, ref.shape))
+    g = float(np.asarray(got).reshape(-1)[first])
+    what = "NaN" if np.isnan(g) else ("+Inf" if g > 0 else "-Inf")
+    names = list(spec.args[-len(inputs):]) if spec.args and len(spec.args) >= len(inputs) else \
+        [f"input{k + 1}" for k in range(len(inputs))]
+    at = []
+    special = []
+    if elementwise:
+        for nm, a in zip(names, inputs):
+            if isinstance(a, np.ndarray) and a.shape == ref.shape:
+                v = float(np.asarray(a, np.float64)[idx])
+                at.append(f"{nm}{list(idx)} = {v:.7g}")
+                if not np.isfinite(v) or v == 0:
+                    special.append(v)
+    head = (f"your code made {what} at {int(flat.size)} element(s) where the reference is finite (the first at index "
+            f"{idx}, expected {float(np.asarray(ref).reshape(-1)[first]):.7g})")
+    if at:
+        head += "; the inputs there: " + ", ".join(at)
+    if what != "NaN":
+        why = ("an intermediate overflowed float32 (|x| > 3.4e38): reorder the computation (subtract the maximum "
+               "before exp, divide before multiplying) so the intermediates stay in range")
+    elif any(np.isinf(v) for v in special):
+        why = ("an infinite input met inf - inf, 0 * inf or inf / inf in your formula, where the reference's "
+               "formula keeps it finite: handle that value the way the reference does")
+    elif any(v == 0 for v in special):
+        why = "0 / 0 or 0 * inf: a division by a value that is zero here (the reference avoids it)"
+    elif any(np.isnan(v) for v in special):
+        why = "a NaN input reached an element whose reference is finite: that NaN belongs to other elements only"
+    elif not elementwise:
+        why = ("a NaN in one term makes a whole sum NaN: memory read before it was written (cuda.shared.array, "
+               "cuda.local.array and np.empty are not zeroed), a thread past the end contributing garbage instead of "
+               "0, or 0/0 on an empty row")
+    else:
+        why = ("the inputs here are ordinary numbers, so the NaN was made by your code: memory read before it was "
+               "written (np.empty, cuda.shared.array), or 0/0 / sqrt of a negative number")
+    return head + ". Likely cause: " + why + ". (Elements never written are reported separately: they still "
+    "hold the grader's poison value.)"
+
+
+LEGEND = {
+    "never written": "\"never written\": before your code runs, the grader fills every output with a NaN that carries "
+                     "a marker (the poison); an element that still holds it afterwards was not written by your code",
+    "never written?": "\"never written?\": the element is NaN and the grader cannot tell the poison from a NaN your code "
+                      "computed (integer or half-precision outputs)",
+    "shortcut": "",
+    "edge values": "\"edge values\": a case whose inputs hold zeros, -0.0, +-inf, NaN and huge or tiny numbers",
+    "seed": "\"seed\": the inputs are random; passing seed= to the check reproduces them",
+    "rtol": "\"allowed: |err| <= atol + rtol*|expected|\": the tolerance of this check",
+    "race": "\"race\" (RAW/WAR/WAW): two threads of one block touched the same shared element between two barriers, "
+            "one of them writing (read-after-write, write-after-read, write-after-write)",
+    "did not finish": "\"did not finish\": the time limit of one check (the whole question stops there)",
+    "died": "\"died\" (SIGSEGV, SIGKILL, SIGABRT, ...): the process running your code ended by a signal; the name says "
+            "which",
+    "not your fault": "\"not your fault\": the grader itself failed (status error); tell your instructor",
+}
+
+
+def legend_lines(text: str) -> list[str]:
+    """One line per code or marker that appears in ``text``: what it means (issue 28: every code explained)."""
+    keys = {"never written": "<- never written (still", "never written?": "never written?",
+            "edge values": "edge values: FAILED", "rtol": "allowed: |err|", "race": "race (",
+            "did not finish": "did not finish within", "died": "process running your code died",
+            "not your fault": "not your fault"}
+    return [LEGEND[k] for k, needle in keys.items() if needle in text and LEGEND.get(k)]
+
+
 def hints_for_error(err: dict, spec: CheckSpec) -> list[str]:
     t, msg = err.get("type", ""), err.get("message", "")
     if t == "IndexError" and "out of bounds" in msg:
@@ -269,6 +280,12 @@ def hints_for_error(err: dict, spec: CheckSpec) -> list[str]:
         return ["a division by zero: with n = 1, or an empty last block, some count is 0."]
     if t in ("TypeError", "AttributeError") and "shfl" in msg:
         return ["warp shuffles do not exist in the CUDA simulator: use shared memory for this exercise."]
+    if t in ("ModuleNotFoundError", "ImportError") and "kernels_src" in msg:
+        return ["the process that runs your code has only kernels_src.device and kernels_src.compiler (cuda, "
+                "ceil_div, the scalar types): the course's references, kernels and helpers are not there to call"]
+    if t == "PermissionError":
+        return ["your code ran in a sandbox that may read only Python's libraries and write only its own "
+                "directory: the course's files, measurements and other submissions are out of reach"]
     if t == "NameError":
         return ["a name used by your code is not defined when the grader loads it: is it defined in a cell that "
                 "only runs interactively (inside an `if`, a loop, or after a call the grader skips)?"]
@@ -351,6 +368,9 @@ class _Reporter:
         head = f"{self.spec.title}: {'ok' if passed else 'FAILED'} ({n} case{'s' if n != 1 else ''}, seed {self.seed})"
         body = [head] + ["  " + ln for ln in lines]
         if not passed:
+            legend = legend_lines("\n".join(body))
+            if legend:
+                body += ["  what the report's words mean:"] + ["    " + ln for ln in legend]
             body += ["  note: " + n for n in self.bundle.notes]
             body += ["  note: " + n for n in self.load_notes]
             body += ["  note: your code " + f for f in self.flags]
@@ -516,10 +536,15 @@ PTX_HINT = ("  hint: the simulator runs kernels as Python, so it accepts code a 
             "that allocates, or returning a value from a kernel.")
 
 
-def _ptx_step(spec, bundle, ptx_items, t0) -> tuple[str, list]:
+def _ptx_step(spec, bundle, ptx_items, t0, pack=None) -> tuple[str, list]:
     """Compile the launched kernels to sm_90 PTX: ("ok" | "fail" | "error", lines)."""
+    from ..ptx import unavailable
+
+    if unavailable():  # numba's built-in numba.cuda (macOS, no numba-cuda): it simulates, it cannot compile
+        return "ok", [f"not compiled to PTX on this machine: {unavailable()}; the autograder (Linux, numba-cuda) "
+                      "makes this check"]
     remaining = max(10.0, (spec.timeout or sandbox.DEFAULT_TIMEOUT) - (time.perf_counter() - t0))
-    results = _ptx_results(bundle, list(ptx_items.values()), remaining)
+    results = _ptx_results(bundle, list(ptx_items.values()), remaining, pack)
     bad = [r for r in results if not r.get("ok")]
     for r in bad:
         if r.get("grader"):
@@ -535,60 +560,315 @@ def _ptx_step(spec, bundle, ptx_items, t0) -> tuple[str, list]:
     return "ok", ["compiles to PTX for sm_90 (" + ", ".join(f"{r['kernel']}{r['signature'][4:]}" for r in results) + ")"]
 
 
-def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdict:
-    """Grade one check. Never raises for anything the student did; GraderError for an author's mistake.
+# ------------------------------------------------------------------------------ decoys and the launch plan
+def _decoy_cases(spec: CheckSpec, op, cases, seed: int) -> list:
+    """Two other draws of every case's inputs (same shapes, other values; the scalars are the real ones): the
+    plan run calls the launcher on these, never on the inputs that are graded."""
+    out = []
+    for s in (1, 2):
+        rng = np.random.default_rng([seed, 7919 * s])
+        dtype = np.dtype(spec.dtype)
+        drawn = []
+        for label, size, inputs, refs in cases:
+            if label.endswith(", edge values"):
+                other = parity.as_tuple(exercise_ops.find_edge_inputs(op)(size, dtype, rng))
+            else:
+                other = parity.as_tuple(op.make_inputs(size, dtype, rng))
+            mixed = []
+            for real, dec in zip(inputs, other):
+                if isinstance(real, np.ndarray) and isinstance(dec, np.ndarray) and dec.shape == real.shape \
+                        and dec.dtype == real.dtype:
+                    mixed.append(dec)
+                else:
+                    mixed.append(real)  # scalars (and anything that does not match) are the real ones
+            drawn.append(mixed)
+        out.append(drawn)
+    return out
 
-    The steps: draw the cases from the seed; run the answer on them in the sandbox; judge each case
-    (errors, shortcuts, launches, races, outputs, inputs); for GPU answers, compile the kernels to PTX."""
+
+def _decoy_arrays(job: dict, arrays: dict, decoys: list) -> dict:
+    files = {}
+    for s, drawn in enumerate(decoys):
+        for ci, jc in enumerate(job["cases"]):
+            for k, key in enumerate(jc["inputs"]):
+                files[f"d{s}_{key}"] = np.asarray(drawn[ci][k])
+            for key in jc["outputs"]:
+                files[f"d{s}_{key}"] = arrays[key]
+    return files
+
+
+def _same_array(store: dict, k0: str, k1: str) -> bool:
+    a, b = store.get(k0), store.get(k1)
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a.view(np.uint8) if a.dtype.itemsize == 1 else
+                                                                         a, b, equal_nan=a.dtype.kind == "f")
+
+
+def _writes_differ(w0: list, w1: list, store) -> list:
+    """The (role, k) of host writes that are not the same in both decoy runs."""
+    d0 = {(w["role"], w["k"]): w["key"] for w in w0 or []}
+    d1 = {(w["role"], w["k"]): w["key"] for w in w1 or []}
+    bad = []
+    for rk in sorted(set(d0) | set(d1)):
+        if rk not in d0 or rk not in d1 or not (_same_array(store, d0[rk] + "_idx", d1[rk] + "_idx")
+                                                 and _same_array(store, d0[rk] + "_val", d1[rk] + "_val")):
+            bad.append(rk)
+    return bad
+
+
+def _arg_name(spec, role, k, n_outputs) -> str:
+    i = k if role == "out" else n_outputs + k
+    return f"`{spec.args[i]}`" if len(spec.args) > i else (f"output #{k + 1}" if role == "out" else f"input #{k + 1}")
+
+
+def _plan_problems(spec: CheckSpec, pair: list, store: dict, n_outputs: int, written: dict) -> list:
+    """What the launcher did on the decoy inputs that the grader does not accept."""
+    p0, p1 = pair
+    fname = f"`{spec.function}`"
+    if p0.get("error"):
+        err = p0["error"]
+        return _error_problems(err, spec)
+    problems = []
+    mine = [la for la in p0["launches"] if la["module"] == "submission"]
+    foreign = sorted({f"{la['module']}.{la['kernel']}" for la in p0["launches"] if la["module"] != "submission"})
+    if foreign:
+        problems.append("launches the course's own kernel(s) " + ", ".join(foreign) + ": this scores 0; "
+                        "launch the kernel you wrote")
+    for k in spec.kernels:
+        if not any(la["kernel"] == k for la in mine):
+            problems.append(f"{fname} never launched `{k}`: the launcher must launch your kernel "
+                            f"(`{k}[blocks, threads](...)`)")
+    for la in mine:
+        if int(np.prod(la["block"] or [1])) > 1024:
+            problems.append(f"`{la['kernel']}` was launched with {int(np.prod(la['block']))} threads per block; "
+                            "a GPU allows at most 1024")
+        for i, a in enumerate(la["args"]):
+            if a["kind"] == "unsupported":
+                problems.append(f"`{la['kernel']}` gets argument {i + 1} of type {a['type']}: a kernel takes arrays "
+                                "and numbers")
+    l0, l1 = p0["launches"], p1["launches"]
+    same_shape = len(l0) == len(l1) and all(
+        (a["kernel"], a["grid"], a["block"], a.get("dynshared"), [x["kind"] for x in a["args"]])
+        == (b["kernel"], b["grid"], b["block"], b.get("dynshared"), [x["kind"] for x in b["args"]]) for a, b in zip(l0, l1))
+    if not same_shape:
+        problems.append(f"{fname} launched different kernels or grids for two inputs of the same shape: the launch "
+                        "may depend on the sizes only, never on the values in the arrays")
+        return problems
+    for li, (a, b) in enumerate(zip(l0, l1)):
+        for i, (x, y) in enumerate(zip(a["args"], b["args"])):
+            if x["kind"] == "scalar" and x["value"] != y["value"] and not (x["value"] != x["value"]):
+                problems.append(f"{fname} passes `{a['kernel']}` a number computed on the host from the input "
+                                f"values (argument {i + 1}): only your kernels may compute from the inputs")
+            elif x["kind"] == "made" and not _same_array(store, x["key"], y["key"]):
+                problems.append(f"{fname} passes `{a['kernel']}` an array filled on the host with values computed "
+                                f"from the inputs (argument {i + 1}): only your kernels may compute from the "
+                                "inputs. The grader runs your kernels itself, on inputs the launcher never sees.")
+        for role, k in _writes_differ(a.get("host_writes"), b.get("host_writes"), store):
+            problems.append(_host_data_message(spec, role, k, n_outputs, store, a.get("host_writes")))
+    for role, k in _writes_differ(p0.get("end_writes"), p1.get("end_writes"), store):
+        problems.append(_host_data_message(spec, role, k, n_outputs, store, p0.get("end_writes")))
+    for w in (p0.get("end_writes") or []) + [w for la in l0 for w in la.get("host_writes") or []]:
+        if w["role"] == "in":
+            problems.append(f"input {_arg_name(spec, 'in', w['k'], n_outputs)} was modified on the host by "
+                            f"{fname}: inputs are read-only")
+        else:
+            written.setdefault(w["k"], 0)
+    return sorted(set(problems), key=problems.index)
+
+
+def _host_data_message(spec, role, k, n_outputs, store, writes) -> str:
+    name = _arg_name(spec, role, k, n_outputs)
+    n = 0
+    for w in writes or []:
+        if (w["role"], w["k"]) == (role, k):
+            n = int(store.get(w["key"] + "_idx", np.zeros(0)).size)
+    ks = " or ".join(f"`{x}`" for x in spec.kernels) or "your kernel"
+    if role == "in":
+        return f"input {name} was modified on the host by `{spec.function}`: inputs are read-only"
+    return (f"{name}: the output was written on the host ({n} element(s), with values computed from the inputs). "
+            f"Every element of the output must be stored by a thread of {ks}; the launcher only allocates, "
+            "computes the grid and launches (no copy_to_device, `out[...] = ...` or NumPy on the data).")
+
+
+def _launched_kernels(payload) -> set:
+    return {la["kernel"] for pair in payload.get("plans") or [] for la in pair[0]["launches"]
+            if la["module"] == "submission"}
+
+
+def run_check(spec: CheckSpec, bundle: Bundle, seed: int | None = None) -> Verdict:
+    """Grade one check. Never raises for anything the student did; GraderError for an author's mistake."""
+    return run_checks([spec], bundle, seed)[0]
+
+
+def batch_key(spec: CheckSpec) -> tuple:
+    """Checks with the same key grade the same code the same way and run in one plan run and one exec run."""
+    return (spec.kind, spec.function, spec.kernels, spec.dtype, spec.allow, spec.forbid, spec.args, spec.racecheck,
+            spec.timeout)
+
+
+def run_checks(specs: list, bundle: Bundle, seed: int | None = None) -> list:
+    """Grade checks of one batch (same :func:`batch_key`): one verdict each, in order.
+
+    The steps: draw each check's cases from the seed; the *plan* run loads the notebook and checks its kind,
+    stubs, signature and source, and for a GPU answer calls the launcher on two decoy draws of the inputs,
+    recording what it launches; this process checks the functions to grade (:mod:`.kernelpack`); the *exec*
+    run rebuilds them from their text and runs them on the real inputs (a GPU answer: the recorded launches,
+    replayed by the grader); judge each case (errors, launches, races, outputs, inputs); for GPU answers,
+    compile the kernels to PTX."""
+    from . import kernelpack
+
     t0 = time.perf_counter()
     seed = _draw_seed(seed)
-    op = exercise_ops.find_op(spec.op)
-    cases = build_cases(spec, op, seed)
-    verdict = _Reporter(spec, bundle, len(cases), seed, suspicious_flags(bundle), t0)
+    spec = specs[0]
+    assert all(batch_key(s) == batch_key(spec) for s in specs), "run_checks: checks of different batches"
+    ops, all_cases, owner = [], [], []
+    for si, s in enumerate(specs):
+        op = exercise_ops.find_op(s.op)
+        cs = build_cases(s, op, seed)
+        ops.append(op)
+        all_cases += cs
+        owner += [si] * len(cs)
+    flags = suspicious_flags(bundle)
+    reporters = [_Reporter(s, bundle, owner.count(si), seed, flags, t0) for si, s in enumerate(specs)]
 
-    job, arrays = _make_job(spec, bundle, cases)
-    res = sandbox.run(job, bundle.source, inputs=arrays, device_mode="sim", timeout=spec.timeout)
+    def everyone(passed, lines, status="fail", timed_out=False):
+        out = []
+        for r in reporters:
+            v = r(passed, lines, status)
+            v.timed_out = timed_out
+            out.append(v)
+        return out
+
+    job, arrays = _make_job(spec, bundle, all_cases)
+
+    # 1. the plan run: the notebook's code, decoy inputs only
+    files = {}
+    if spec.kind == "gpu":
+        decoys = [[], []]
+        for si, s in enumerate(specs):
+            mine = [c for c, o in zip(all_cases, owner) if o == si]
+            d = _decoy_cases(s, ops[si], mine, seed + 104729 * si)
+            decoys[0] += d[0]
+            decoys[1] += d[1]
+        files = {"decoys.npz": _decoy_arrays(job, arrays, decoys)}
+    res = sandbox.run(dict(job, mode="plan"), bundle.source, files=files, device_mode="sim", timeout=spec.timeout)
     lines = _sandbox_failure(res)
     if lines is not None:
-        v = verdict(False, lines)
-        v.timed_out = res.status == "timeout"
-        return v
+        return everyone(False, lines, timed_out=res.status == "timeout")
     payload = res.payload
     if payload.get("load_errors") and payload.get("status") != "missing":
         from .worker import load_error_lines
 
-        verdict.load_notes += load_error_lines(payload["load_errors"])
+        for r in reporters:
+            r.load_notes += load_error_lines(payload["load_errors"])
     if res.status == "error" and payload.get("traceback"):
-        return verdict(False, ["the grader failed while running your code (not your fault; tell your instructor):",
-                               payload.get("message", "")], status="error")
+        return everyone(False, ["the grader failed while running your code (not your fault; tell your instructor):",
+                                payload.get("message", "")], status="error")
     if payload.get("status", "ok") != "ok":
         lines = payload.get("message", "").splitlines()
         err = payload.get("load_error")
         if err:
             lines += ["  hint: " + h for h in hints_for_error(err, spec)]
-        return verdict(False, lines)
-
+        return everyone(False, lines)
     n_outputs = job["n_outputs"]
-    names = op.output_names if len(op.output_names) == n_outputs else [f"out{i}" for i in range(n_outputs)]
-    passed_labels, failures, ptx_items = [], [], {}
-    for case, rec, job_case in zip(cases, payload.get("cases", []), job["cases"]):
-        problems = _case_problems(spec, op, case, rec, job_case, res.outputs, names, ptx_items)
-        if problems:
-            failures.append((case[0], problems))
-        else:
-            passed_labels.append(case[0])
-    if failures:
-        return verdict(False, _failure_lines(failures, passed_labels))
-
-    lines = ["matches the float64 reference on " + "; ".join(passed_labels)]
+    store = res.outputs
+    plans = payload.get("plans") or []
+    plan_failed = [[] for _ in specs]
     if spec.kind == "gpu":
-        if spec.racecheck:
-            lines.append("no shared-memory race, every barrier reached by every thread")
-        if spec.ptx and ptx_items:
-            status, more = _ptx_step(spec, bundle, ptx_items, t0)
-            if status == "error":
-                return verdict(False, more, status="error")
-            if status == "fail":
-                return verdict(False, lines + more)
-            lines += more
-    return verdict(True, lines)
+        if len(plans) != len(all_cases):
+            return everyone(False, ["the grader received no launch plan from your launcher"])
+        written: dict = {}
+        for case, pair, si in zip(all_cases, plans, owner):
+            problems = _plan_problems(specs[si], pair, store, n_outputs, written)
+            if problems:
+                plan_failed[si].append((case[0], problems))
+        if all(plan_failed):
+            return [r(False, _failure_lines(f, [])) for r, f in zip(reporters, plan_failed)]
+
+    # 2. the functions to grade, checked against the notebook's text
+    roots = {spec.function: "cpu"} if spec.kind == "cpu" else \
+        {k: "gpu" for k in sorted(set(spec.kernels) | _launched_kernels(payload))}
+    problems, pack = kernelpack.validate(bundle.source, payload.get("described") or {}, roots,
+                                         allow=tuple(spec.allow), line_of=lambda ln: _bundle_where(bundle, ln))
+    if problems:
+        return everyone(False, problems + ["a graded function is rebuilt from its own text and run by the grader "
+                                           "on the hidden inputs: it may use its arguments, numbers, math/NumPy "
+                                           "functions and your other kernels, device and @njit functions"])
+
+    # 3. the exec run: the functions rebuilt from their text, the real inputs sent once they are built
+    keep = [ci for ci, si in enumerate(owner) if not plan_failed[si]]
+    exec_job = {"mode": "exec", "backend": spec.kind, "function": spec.function,
+                "cases": [job["cases"][ci] for ci in keep], "pack": pack,
+                "plans": [plans[ci][0] for ci in keep] if plans else [], "racecheck": spec.racecheck,
+                "allow": list(spec.allow), "line_map": bundle.line_map}
+    plan_files = {}
+    if spec.kind == "gpu":
+        prefixes = tuple(f"c{ci}s0_" for ci in keep)
+        plan_files = {"plan.npz": {k: v for k, v in store.items() if k.startswith(prefixes)}}
+    wanted = {key for ci in keep for key in job["cases"][ci]["inputs"] + job["cases"][ci]["outputs"]}
+    res = sandbox.run(exec_job, bundle.source, files=plan_files, stream={k: v for k, v in arrays.items() if k in wanted},
+                      device_mode="sim", timeout=spec.timeout)
+    lines = _sandbox_failure(res)
+    verdicts: list = [None] * len(specs)
+    for si, f in enumerate(plan_failed):
+        if f:
+            verdicts[si] = reporters[si](False, _failure_lines(f, []))
+    if lines is not None:
+        return [v or r(False, lines) for v, r in zip(verdicts, reporters)] if res.status != "timeout" else \
+            [v or _timed_out(r, lines) for v, r in zip(verdicts, reporters)]
+    payload = res.payload
+    if res.status == "error" and payload.get("traceback"):
+        return [v or r(False, ["the grader failed while running your code (not your fault; tell your instructor):",
+                               payload.get("message", "")], status="error") for v, r in zip(verdicts, reporters)]
+
+    recs = dict(zip(keep, payload.get("cases", [])))
+    ptx_items: dict = {}
+    results: list = [[[], [], {}] for _ in specs]  # passed labels, failures, ptx items
+    for ci, (case, si) in enumerate(zip(all_cases, owner)):
+        if ci not in recs:
+            continue
+        s, op = specs[si], ops[si]
+        names = op.output_names if len(op.output_names) == n_outputs else [f"out{i}" for i in range(n_outputs)]
+        problems = _case_problems(s, op, case, recs[ci], job["cases"][ci], res.outputs, names, results[si][2])
+        if problems:
+            results[si][1].append((case[0], problems))
+        else:
+            results[si][0].append(case[0])
+    for si, s in enumerate(specs):
+        if verdicts[si] is not None:
+            continue
+        passed_labels, failures, items = results[si]
+        if failures:
+            verdicts[si] = reporters[si](False, _failure_lines(failures, passed_labels))
+            continue
+        lines = ["matches the float64 reference on " + "; ".join(passed_labels)]
+        if s.kind == "gpu":
+            lines.append("your kernels were run by the grader on inputs your launcher never saw")
+            if s.racecheck:
+                lines.append("no shared-memory race, every barrier reached by every thread")
+            if items:  # always: the simulator runs kernels as Python; the compiler judges what they are
+                status, more = _ptx_step(s, bundle, items, t0, pack)
+                if status == "error":
+                    verdicts[si] = reporters[si](False, more, status="error")
+                    continue
+                if status == "fail":
+                    verdicts[si] = reporters[si](False, lines + more)
+                    continue
+                lines += more
+        else:
+            lines.append("compiled by Numba in nopython mode, with no object mode and no NumPy product or reduction")
+        verdicts[si] = reporters[si](True, lines)
+    return verdicts
+
+
+def _timed_out(reporter, lines):
+    v = reporter(False, lines)
+    v.timed_out = True
+    return v
+
+
+def _bundle_where(bundle: Bundle, line: int) -> str:
+    where = bundle.where(line)
+    text = bundle.line_text(line)
+    return f"{where}: `{text}`" if where and text else (where or f"line {line}")

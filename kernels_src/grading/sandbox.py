@@ -1,11 +1,16 @@
-"""Run untrusted student code in a child process: time limit, memory limit, capped output, empty directory.
+"""Run untrusted student code in a child process: time limit, memory limit, capped output, its own directory,
+and the confinement of :mod:`.confine` (another uid where possible, Landlock, no network).
 
-The child (``python -I -m kernels_src.grading.worker``) starts in a fresh temporary directory that holds
-only the student's code and the job (inputs, names to call); references, expected outputs and hidden
-tests stay in the parent. It writes ``result.json`` (and ``outputs.npz``) back into that directory.
-Whatever the child does (loops forever, calls ``os._exit``, segfaults through ``ctypes``, prints
-megabytes, allocates without end), the parent gets a :class:`SandboxResult` with a plain-language
-``message`` and never raises.
+The child runs the worker from a read-only *runtime copy* of the few course modules it needs
+(:func:`runtime_dir`: the device selection, the compiler door, the simulator patches, the worker, the race
+detector): the course's references, helpers, model, measurements, solutions and hidden tests are not in
+it, and Landlock keeps the child from reading the real package. It starts in a fresh temporary directory
+that holds only the student's code and the job; references, expected outputs and hidden tests stay in the
+parent. Inputs that must not be seen before the code is ready (the hidden inputs of an *exec* run) arrive
+over the child's stdin only after it has said, on a pipe of its own, that its functions are built.
+It writes ``result.json`` (and ``outputs.npz``) back into that directory. Whatever the child does (loops
+forever, calls ``os._exit``, segfaults through ``ctypes``, prints megabytes, allocates without end, kills
+itself), the parent gets a :class:`SandboxResult` with a plain-language ``message`` and never raises.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +33,67 @@ DEFAULT_MEMORY = int(os.environ.get("KERNELS_GRADING_MEMORY_MB", "3072")) << 20 
 OUTPUT_LIMIT = 32 << 20  # bytes per file written (RLIMIT_FSIZE): caps what student code can print
 STDOUT_TAIL = 2000  # characters of the child's output kept for the report
 _PASS_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "SYSTEMROOT",
-             "NUMBA_CUDA_DRIVER", "NUMBA_CUDA_NVVM", "NUMBA_CUDA_LIBDEVICE", "KERNELS_BENCH_DATA")
+             "NUMBA_CUDA_DRIVER", "NUMBA_CUDA_NVVM", "NUMBA_CUDA_LIBDEVICE")
+
+
+CONFINE = os.environ.get("KERNELS_GRADING_CONFINE", "1") != "0"  # 0: no uid change, Landlock or netns
+RUNTIME_FILES = ("device.py", "simulator.py", "ptx.py", "compiler/__init__.py", "compiler/launch.py", "compiler/vec.py",
+                 "grading/__init__.py", "grading/spec.py", "grading/worker.py", "grading/racecheck.py",
+                 "grading/sandbox.py", "grading/confine.py", "grading/kernelpack.py")
+RUNTIME_INIT = '''"""The grader's runtime copy of kernels_src: only what a sandboxed grading process needs (where kernels run,
+the compiler door, the simulator, the worker). The course's references, helpers and model are not here."""
+from . import device
+from .device import ceil_div, cuda
+'''
+BOOT = '''import os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernels_src.grading.worker import main
+main()
+'''
+_runtime: str | None = None
+_runtime_lock = threading.Lock()
+_uid_counter = [0]
+
+
+def runtime_dir() -> str:
+    """A read-only copy of the modules a grading process needs, made once per grading process."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime and os.path.isdir(_runtime):
+            return _runtime
+        src = Path(__file__).resolve().parents[1]
+        root = Path(tempfile.mkdtemp(prefix="kgrade-runtime-"))
+        pkg = root / "kernels_src"
+        for rel in RUNTIME_FILES:
+            dst = pkg / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / rel, dst)
+        (pkg / "__init__.py").write_text(RUNTIME_INIT)
+        (root / "boot.py").write_text(BOOT)
+        for d, dirs, files in os.walk(root):
+            os.chmod(d, 0o555)
+            for f in files:
+                os.chmod(os.path.join(d, f), 0o444)
+        _runtime = str(root)
+        import atexit
+
+        atexit.register(_remove_runtime, _runtime)
+        return _runtime
+
+
+def _remove_runtime(path: str) -> None:
+    for d, dirs, files in os.walk(path):
+        try:
+            os.chmod(d, 0o755)
+        except OSError:
+            pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _next_uid() -> int:
+    with _runtime_lock:
+        _uid_counter[0] += 1
+        return 200000 + (os.getpid() % 4096) * 256 + _uid_counter[0] % 256
 
 
 @dataclass
@@ -84,32 +150,52 @@ def _describe_signal(sig: int) -> str:
 
 
 def run(job: dict, source: str, *, inputs: dict | None = None, device_mode: str = "sim",
-        timeout: float | None = None, memory: int | None = None, keep: bool = False) -> SandboxResult:
-    """Run ``kernels_src.grading.worker`` on ``job`` with the student's ``source`` in a fresh directory."""
+        timeout: float | None = None, memory: int | None = None, keep: bool = False,
+        files: dict | None = None, stream: dict | None = None) -> SandboxResult:
+    """Run the worker on ``job`` with the student's ``source`` in a fresh directory.
+
+    ``files``: {name.npz: arrays} written into the directory before the start (decoy inputs, a launch plan);
+    ``stream``: arrays sent over stdin once the worker says it is ready (the hidden inputs)."""
     timeout = float(timeout or DEFAULT_TIMEOUT)
     memory = int(memory or DEFAULT_MEMORY)
     work = Path(tempfile.mkdtemp(prefix="kgrade-"))
     t0 = time.perf_counter()
+    ready_r = ready_w = None
     try:
         (work / "submission.py").write_text(source, encoding="utf-8")
-        job = dict(job, limits={"RLIMIT_AS": memory, "RLIMIT_FSIZE": OUTPUT_LIMIT, "RLIMIT_CORE": 0,
-                                "RLIMIT_CPU": int(timeout * 2 + 10)})
+        limits = {"RLIMIT_AS": memory, "RLIMIT_FSIZE": OUTPUT_LIMIT, "RLIMIT_CORE": 0,
+                  "RLIMIT_CPU": int(timeout * 2 + 10)}
+        job = dict(job, limits=limits)
+        runtime = runtime_dir()
+        if CONFINE:
+            job["confine"] = {"read": [runtime], "uid": _next_uid(), "net": True}
+        if stream is not None:
+            ready_r, ready_w = os.pipe()
+            job["ready_fd"] = ready_w
         (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
         if inputs:
             np.savez(work / "inputs.npz", **inputs)
+        for name, arrays in (files or {}).items():
+            np.savez(work / name, **arrays)
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         env.update(HOME=str(work), TMPDIR=str(work), KERNELS_DEVICE=device_mode, PYTHONUNBUFFERED="1",
                    PYTHONDONTWRITEBYTECODE="1", NUMBA_CACHE_DIR=str(work / ".numba"), OMP_NUM_THREADS="1",
                    NUMBA_NUM_THREADS=os.environ.get("KERNELS_GRADING_NUMBA_THREADS", "2"),
                    MPLBACKEND="Agg", PYTHONFAULTHANDLER="1",
                    NUMBA_BOUNDSCHECK="1")  # @njit code raises IndexError instead of corrupting memory
-        cmd = [sys.executable, "-I", "-m", "kernels_src.grading.worker", str(work / "job.json")]
+        cmd = [sys.executable, "-I", os.path.join(runtime, "boot.py"), str(work / "job.json")]
         with open(work / "output.txt", "wb") as out:
             try:
-                p = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                p = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.PIPE if stream is not None else subprocess.DEVNULL,
+                                     start_new_session=True, pass_fds=(ready_w,) if ready_w is not None else ())
             except OSError as e:
                 return SandboxResult("no_result", message=f"the grader could not start a process: {e}")
+            if ready_w is not None:
+                os.close(ready_w)
+                ready_w = None
+                threading.Thread(target=_send_when_ready, args=(p, ready_r, stream), daemon=True).start()
+                ready_r = None
             timed_out = False
             try:
                 rc = p.wait(timeout=timeout)
@@ -155,8 +241,32 @@ def run(job: dict, source: str, *, inputs: dict | None = None, device_mode: str 
             res.message = payload.get("message", "")
         return res
     finally:
+        for fd in (ready_r, ready_w):
+            if fd is not None:
+                os.close(fd)
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _send_when_ready(p, ready_r: int, arrays: dict) -> None:
+    """Wait for the worker's "ready" (its functions are built), then send the arrays over its stdin."""
+    import io
+
+    try:
+        with os.fdopen(ready_r, "rb") as r:
+            line = r.readline()
+        if line.strip() != b"ready":
+            return
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        p.stdin.write(buf.getvalue())
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            p.stdin.close()
+        except (OSError, ValueError):
+            pass
 
 
 def _tail(path: Path) -> str:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from . import VERDICTS_ENV, collect_plan
 from .bundle import Bundle, from_notebook, read_notebook
-from .checks import CheckSpec, Verdict, run_check
+from .checks import CheckSpec, Verdict, batch_key, run_checks
 
 # Seconds for otter to run the notebook. Unset: it follows the checks' time limit (see notebook_timeout).
 NOTEBOOK_TIMEOUT = float(os.environ["KERNELS_NOTEBOOK_TIMEOUT"]) if os.environ.get("KERNELS_NOTEBOOK_TIMEOUT") else None
@@ -169,25 +169,30 @@ def run_verdicts(ag: Autograder, bundle: Bundle, seed: int, jobs: int = 1, quest
         if group:
             groups.append(group)
 
-    def one(spec):
+    def batch(specs):
         try:
-            return run_check(spec, bundle, seed=seed)
+            return run_checks(specs, bundle, seed=seed)
         except Exception as e:  # noqa: BLE001  (a grader bug: never the student's fault, never a crash)
-            return Verdict(spec.key, spec.title, False,
-                           f"{spec.title}: the grader failed on this check (not your fault; tell your instructor): "
-                           f"{type(e).__name__}: {e}", seed, status="error")
+            return [Verdict(spec.key, spec.title, False,
+                            f"{spec.title}: the grader failed on this check (not your fault; tell your instructor): "
+                            f"{type(e).__name__}: {e}", seed, status="error") for spec in specs]
 
     def question(group):
         out, stopped = {}, None
-        for spec in group:
+        batches: dict = {}
+        for spec in group:  # checks of the same code run together: one plan run and one exec run
+            batches.setdefault(batch_key(spec), []).append(spec)
+        for specs in batches.values():
             if stopped is not None:
-                out[spec.key] = Verdict(spec.key, spec.title, False,
-                                        f"{spec.title}: not run, because {stopped.title} did not finish in time "
-                                        "(the same code would hang here too)", seed, status="fail")
+                for spec in specs:
+                    out[spec.key] = Verdict(spec.key, spec.title, False,
+                                            f"{spec.title}: not run, because {stopped.title} did not finish in time "
+                                            "(the same code would hang here too)", seed, status="fail")
                 continue
-            v = out[spec.key] = one(spec)
-            if v.timed_out:
-                stopped = v
+            for spec, v in zip(specs, batch(specs)):
+                out[spec.key] = v
+                if v.timed_out and stopped is None:
+                    stopped = v
         return out
 
     verdicts: dict = {}
@@ -340,11 +345,19 @@ def _run_otter(nb, ag: Autograder, verdicts: dict) -> dict:
         nbformat.write(nb, root / "submission" / f"{ag.slug}.ipynb")
         vfile = tmp / "verdicts.json"
         vfile.write_text(json.dumps({k: v.to_json() for k, v in verdicts.items()}))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELS_GRADING_SEED")}
+        from . import sandbox
+
+        runtime = sandbox.runtime_dir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNELS_GRADING_SEED", "KERNELS_BENCH"))}
+        # the notebook's kernel imports kernels_src from the runtime copy: no references, helpers or data there
         env.update({VERDICTS_ENV: str(vfile), "KERNELS_DEVICE": "sim", "PYTHONUNBUFFERED": "1",
-                    "NUMBA_ENABLE_CUDASIM": "1"})
-        cmd = [sys.executable, "-m", "kernels_src.grading.submission", "--otter-child", str(root),
-               str(NOTEBOOK_MEMORY)]
+                    "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": runtime, "HOME": str(tmp),
+                    "JUPYTER_RUNTIME_DIR": str(tmp / ".jupyter-runtime"), "IPYTHONDIR": str(tmp / ".ipython"),
+                    "MPLCONFIGDIR": str(tmp / ".mpl"), "NUMBA_CACHE_DIR": str(tmp / ".numba"), "TMPDIR": str(tmp)})
+        real = str(Path(__file__).resolve().parents[2])
+        boot = (f"import sys; sys.path.insert(0, {real!r}); from kernels_src.grading.submission import main; "
+                "raise SystemExit(main())")
+        cmd = [sys.executable, "-c", boot, "--otter-child", str(root), str(NOTEBOOK_MEMORY), str(tmp), runtime]
         with open(tmp / "otter.log", "wb") as log:
             p = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
@@ -374,6 +387,14 @@ def _run_otter(nb, ag: Autograder, verdicts: dict) -> dict:
             view["status"] = "ok"
             view["scores"] = summary.get("scores", {})
             errs = summary.get("errors", [])
+            course = [e for e in errs if e["ename"] in ("ModuleNotFoundError", "ImportError")
+                      and "kernels_src" in e["evalue"]]
+            errs = [e for e in errs if e not in course]
+            if course:
+                view["notes"].append("Cells that import the course's library beyond kernels_src.device and "
+                                     "kernels_src.compiler (cells " + ", ".join(str(e["cell"]) for e in course[:5])
+                                     + ") do not run under the autograder: its references, helpers and "
+                                     "measurements are kept away from submitted code.")
             if errs:
                 shown = "; ".join(f"cell {e['cell']}: {e['ename']}: {e['evalue'][:200]}" for e in errs[:3])
                 view["notes"].append(f"Running your notebook from top to bottom raised {len(errs)} error(s): {shown}.")
@@ -395,19 +416,24 @@ def _kill_group(p):
     p.wait()
 
 
-def _otter_child(root: str, memory: int) -> int:
-    """In the child: limits, then otter's own grading process; write a small summary for the parent."""
+def _otter_child(root: str, memory: int, scratch: str | None = None, runtime: str | None = None) -> int:
+    """In the child: confinement and limits, then otter's own grading process; write a small summary."""
     import resource
 
-    from .sandbox import OUTPUT_LIMIT
+    from .sandbox import CONFINE, OUTPUT_LIMIT
+
+    from otter.run.run_autograder import main as run_autograder
+
+    if scratch and CONFINE:  # the notebook runs in here: it may write only this run's directory
+        from .confine import confine
+
+        confine(scratch, read=[runtime] if runtime else [], uid=None, net=False)
 
     for lim, val in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 8 * OUTPUT_LIMIT)):
         try:
             resource.setrlimit(lim, (val, resource.getrlimit(lim)[1]))
         except (ValueError, OSError):
             pass
-    from otter.run.run_autograder import main as run_autograder
-
     summary = {"scores": {}, "errors": []}
     try:
         run_autograder(root, otter_run=True, logo=False, print_summary=False)
@@ -475,7 +501,7 @@ def self_test(source: str) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--otter-child"]:
-        return _otter_child(argv[1], int(argv[2]))
+        return _otter_child(argv[1], int(argv[2]), *(argv[3:5]))
     if argv[:1] == ["--gradescope"]:
         return gradescope_main(argv[1] if len(argv) > 1 else "/autograder")
     if argv[:1] == ["--self-test"]:

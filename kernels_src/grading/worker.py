@@ -114,9 +114,10 @@ def _type_name(e: BaseException) -> str:
 
 # ----------------------------------------------------------------------------------- shortcuts
 FORBIDDEN_NUMPY = ("matmul", "dot", "einsum", "inner", "outer", "vdot", "tensordot", "kron", "sum", "nansum",
-                   "prod", "cumsum", "cumprod", "mean", "average", "convolve", "correlate", "trace")
+                   "prod", "cumsum", "cumprod", "mean", "average", "convolve", "correlate", "trace", "max", "min",
+                   "amax", "amin", "nanmax", "nanmin", "argmax", "argmin", "ptp")
 FORBIDDEN_METHODS = ("dot", "sum", "mean", "prod", "cumsum", "cumprod", "matmul", "__matmul__", "__rmatmul__",
-                     "__imatmul__", "trace", "std", "var")
+                     "__imatmul__", "trace", "std", "var", "max", "min", "argmax", "argmin", "ptp")
 FORBIDDEN_PACKAGES = ("scipy", "torch", "cupy", "jax", "tensorflow", "sklearn", "cublas")
 ALLOWED_FROM_KERNELS_SRC = ("ceil_div", "cuda", "device")
 
@@ -260,13 +261,15 @@ def _is_stub(fn) -> bool:
 _SUM_LIKE = {"sum": "sum", "nansum": "sum", "prod": "prod", "nanprod": "prod", "cumsum": "cumsum",
              "nancumsum": "cumsum", "cumprod": "cumprod", "nancumprod": "cumprod", "mean": "mean",
              "nanmean": "mean", "average": "average", "std": "std", "var": "var", "nanstd": "std", "nanvar": "var",
-             "trace": "trace"}
+             "trace": "trace", "max": "max", "amax": "max", "nanmax": "max", "min": "min", "amin": "min",
+             "nanmin": "min", "argmax": "argmax", "argmin": "argmin", "ptp": "ptp"}
 _PRODUCT_LIKE = ("dot", "vdot", "inner", "outer", "matmul", "matvec", "vecmat", "vecdot", "einsum", "einsum_path",
                  "tensordot", "kron", "convolve", "correlate", "cov", "corrcoef", "polyval", "polyfit", "multi_dot",
                  "tensorinv", "tensorsolve")
 _NUMPY_FUNCS = dict(_SUM_LIKE, **{n: n for n in _PRODUCT_LIKE})
 _ARRAY_METHODS = {"dot": "dot", "sum": "sum", "mean": "mean", "prod": "prod", "cumsum": "cumsum",
-                  "cumprod": "cumprod", "trace": "trace", "std": "std", "var": "var", "__matmul__": "matmul",
+                  "cumprod": "cumprod", "trace": "trace", "std": "std", "var": "var", "max": "max", "min": "min",
+                  "argmax": "argmax", "argmin": "argmin", "ptp": "ptp", "__matmul__": "matmul",
                   "__rmatmul__": "matmul", "__imatmul__": "matmul"}
 _UFUNC_METHODS = {("add", "reduce"): "sum", ("add", "accumulate"): "cumsum", ("add", "reduceat"): "sum",
                   ("multiply", "reduce"): "prod", ("multiply", "accumulate"): "cumprod",
@@ -674,15 +677,10 @@ def _signature_problem(fn, name, expected: list, n_expected: int) -> str:
             f"it as {want}")
 
 
-def run_job(job, mod, where, result) -> dict:
-    import numpy as np
-
-    from .. import device
-    from .racecheck import instrumented
-
+def _checks_before_running(job, mod, where, result):
+    """The kind, stub, signature and source checks; returns (fn, kernels) or None (result says why)."""
     backend = job["backend"]
     name = job["function"]
-    outputs: dict = {}
     problems = []
     load_errors = result.get("load_errors") or []
     needed = [name] + list(job.get("kernels", []))
@@ -692,14 +690,14 @@ def run_job(job, mod, where, result) -> dict:
         result["message"] = "\n".join([f"your notebook does not define {', '.join(f'`{n}`' for n in missing)}: a cell "
                                         "stopped with an error before defining it"]
                                        + load_error_lines(load_errors, missing))
-        return outputs
+        return None
     if not hasattr(mod, name):
         result["status"] = "missing"
         result["message"] = (f"your notebook does not define `{name}`: it must be defined at the top level of a "
                              "code cell (was it renamed, or is it inside another function?)")
         if load_errors:
             result["message"] += "\n" + "\n".join(load_error_lines(load_errors))
-        return outputs
+        return None
     fn = getattr(mod, name)
     want = "cpu" if backend == "cpu" else "launcher"
     p = _kind_problem(fn, name, want)
@@ -721,30 +719,318 @@ def run_job(job, mod, where, result) -> dict:
         result["status"] = "stub"
         result["message"] = ("still the stub (`...`): " + ", ".join(f"`{s}`" for s in stubs)
                              + ". Replace the `...` with your code, then run the cell again.")
-        return outputs
+        return None
     if problems:
         result["status"] = "wrong_kind"
         result["message"] = "\n".join(problems)
-        return outputs
+        return None
     n_args = job["n_outputs"] + job["n_inputs"]
     p = _signature_problem(fn, name, job.get("args") or [], n_args)
     if p:
         result["status"] = "signature"
         result["message"] = p
-        return outputs
+        return None
     shortcuts, visited = scan_shortcuts([fn] + list(kernels.values()), job.get("allow", ()), job.get("forbid", ()),
                                         where)
     result["scanned"] = visited
     if shortcuts:
         result["status"] = "shortcut"
         result["message"] = "\n".join(shortcuts)
-        return outputs
+        return None
+    return fn, kernels
 
-    tripwire = _TRIPWIRE
+
+# ------------------------------------------------------------------------------- the plan run (decoys)
+def _bits(a):
+    import numpy as np
+
+    a = np.ascontiguousarray(a)
+    return a.view(np.dtype(f"u{a.dtype.itemsize}")) if a.dtype.itemsize in (1, 2, 4, 8) else a.view(np.uint8)
+
+
+class _LaunchRecorder:
+    """Records what a launcher does with the (decoy) arrays it is given: each kernel launch (kernel, grid,
+    block, dynamic shared memory, and what each argument is) and every host write to an array between
+    launches. Kernels are not run: their results would only be the decoys'."""
+
+    def __init__(self, grader_arrays, store: dict, prefix: str):
+        self.grader = grader_arrays  # [(role, k, device array)]
+        self.store, self.prefix = store, prefix
+        self.launches: list = []
+        self.made: list = []  # launcher-made arrays seen as kernel arguments: [(host view, last bits)]
+        self.last = [_bits(d._ary).copy() for _, _, d in grader_arrays]
+
+    def _host_writes(self, tag: str) -> list:
+        import numpy as np
+
+        writes = []
+        for j, (role, k, d) in enumerate(self.grader):
+            now = _bits(d._ary)
+            changed = np.flatnonzero((now != self.last[j]).reshape(-1))
+            if changed.size:
+                key = f"{self.prefix}_{tag}_{role}{k}"
+                self.store[key + "_idx"] = changed.astype(np.int64)
+                self.store[key + "_val"] = np.ascontiguousarray(d._ary).reshape(-1)[changed].copy()
+                writes.append({"role": role, "k": k, "key": key})
+                self.last[j] = now.copy()
+        return writes
+
+    def _arg(self, a, li, ai) -> dict:
+        import numpy as np
+
+        host = getattr(a, "_ary", a)
+        if isinstance(host, np.ndarray) and host.ndim > 0:
+            lo = host.__array_interface__["data"][0]
+            for role, k, d in self.grader:
+                base = d._ary
+                b0 = base.__array_interface__["data"][0]
+                if b0 <= lo < b0 + max(1, base.nbytes) and base.dtype.itemsize:
+                    if host.shape == base.shape and host.strides == base.strides and lo == b0 and host.dtype == base.dtype:
+                        return {"kind": role, "k": k}
+                    return {"kind": "view", "role": role, "k": k, "offset": int(lo - b0), "shape": list(host.shape),
+                            "strides": list(host.strides), "dtype": host.dtype.str}
+            for mi, (m, _) in enumerate(self.made):
+                if m is host:
+                    break
+            else:
+                mi = len(self.made)
+                self.made.append((host, None))
+            key = f"{self.prefix}_L{li}_a{ai}"
+            self.store[key] = np.array(host, copy=True)
+            return {"kind": "made", "id": mi, "key": key, "shape": list(host.shape), "dtype": host.dtype.str}
+        if isinstance(a, np.generic) and a.dtype.kind in "biuf":
+            return {"kind": "scalar", "dtype": a.dtype.name, "value": a.item()}
+        if isinstance(a, (bool, int, float)):
+            return {"kind": "scalar", "dtype": type(a).__name__, "value": a}
+        return {"kind": "unsupported", "type": type(a).__name__}
+
+    def launch(self, kernel, args) -> None:
+        fn = getattr(kernel, "fn", None)
+        li = len(self.launches)
+        rec = {"kernel": getattr(fn, "__name__", "?"), "module": getattr(fn, "__module__", "?"),
+               "grid": list(kernel.grid_dim or ()), "block": list(kernel.block_dim or ()),
+               "dynshared": int(getattr(kernel, "dynshared_size", 0) or 0),
+               "host_writes": self._host_writes(f"L{li}")}
+        rec["args"] = [self._arg(a, li, ai) for ai, a in enumerate(args)]
+        self.launches.append(rec)
+
+    def finish(self) -> list:
+        return self._host_writes("end")
+
+
+def _dry_run(fn, job, arrays, ci, s, store):
+    """Call the launcher on decoy set ``s`` of case ``ci`` with launches recorded, not run."""
+    import numpy as np
+
+    from .. import device
+    from numba.cuda.simulator import kernel as skernel
+
+    case = job["cases"][ci]
+    cuda = device.cuda
+    inputs = [arrays[f"d{s}_{k}"][()] if case["scalar"][i] else arrays[f"d{s}_{k}"] for i, k in enumerate(case["inputs"])]
+    outs = [arrays[f"d{s}_{k}"].copy() for k in case["outputs"]]
+    d_in = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in inputs]
+    d_out = [cuda.to_device(o) for o in outs]
+    grader = [("out", k, d) for k, d in enumerate(d_out)] + [("in", k, d) for k, d in enumerate(d_in)
+                                                              if not isinstance(d, (int, float, np.generic))]
+    rec = _LaunchRecorder(grader, store, f"c{ci}s{s}")
+    saved = skernel.FakeCUDAKernel.__call__
+
+    def call(self, *args):
+        if self._device or skernel._kernel_context:
+            return saved(self, *args)
+        rec.launch(self, args)
+        return None
+
+    plan = {"launches": rec.launches}
+    skernel.FakeCUDAKernel.__call__ = call
+    try:
+        fn(*d_out, *d_in)
+    except BaseException as e:  # noqa: BLE001
+        plan["error"] = None  # filled by the caller (it has `where`)
+        plan["exception"] = e
+    finally:
+        skernel.FakeCUDAKernel.__call__ = saved
+    plan["end_writes"] = rec.finish()
+    return plan
+
+
+def plan_job(job, mod, where, result) -> dict:
+    """The plan run: the checks before running, the description of the functions to rebuild, and for a GPU
+    answer, what the launcher launches on two sets of decoy inputs (see :class:`_LaunchRecorder`)."""
+    import numpy as np
+
+    from . import kernelpack
+
+    found = _checks_before_running(job, mod, where, result)
+    if found is None:
+        return {}
+    fn, kernels = found
+    store: dict = {}
+    roots = dict(kernels) if job["backend"] == "gpu" else {job["function"]: fn}
+    if job["backend"] == "gpu":
+        with np.load("decoys.npz", allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        plans = []
+        for ci in range(len(job["cases"])):
+            _progress(f"running `{job['function']}` on decoy inputs ({job['cases'][ci]['label']})")
+            pair = []
+            for s in (0, 1):
+                p = _dry_run(fn, job, arrays, ci, s, store)
+                e = p.pop("exception", None)
+                if e is not None:
+                    p["error"] = _exc_info(e, where)
+                    if isinstance(e, (SystemExit, KeyboardInterrupt)):
+                        p["error"]["message"] = f"{type(e).__name__} raised by your code (sys.exit()/quit()?)"
+                pair.append(p)
+            plans.append(pair)
+            for la in pair[0]["launches"]:
+                if la["module"] == "submission" and hasattr(mod, la["kernel"]):
+                    roots.setdefault(la["kernel"], getattr(mod, la["kernel"]))
+        result["plans"] = plans
+    result["described"] = kernelpack.describe(roots)
+    return store
+
+
+# ------------------------------------------------------------------------------- the exec run (hidden inputs)
+def compiled_problems(fn, allow=()) -> list[str]:
+    """What a compiled @njit answer does that the grader does not accept, read from what Numba compiled:
+    object mode (or lifted object-mode blocks), and NumPy's products, reductions and linear algebra."""
+    import numpy as np
+    from numba.core import types
+
+    found = []
+    tw = _Tripwire()
+    tw.allow = set(allow)
+    try:
+        found += tw.compiled_calls(fn)
+    except Exception:  # noqa: BLE001
+        pass
+    todo, seen = [fn], set()
+    while todo:
+        d = todo.pop()
+        if id(d) in seen or not hasattr(d, "overloads"):
+            continue
+        seen.add(id(d))
+        for cres in list(d.overloads.values()):
+            if getattr(cres, "objectmode", False) or getattr(cres, "lifted", ()):
+                found.append("Numba's object mode (Python objects inside compiled code)")
+            ann = getattr(cres, "type_annotation", None)
+            typemap = getattr(ann, "typemap", None) or {}
+            for expr, sig in list((getattr(ann, "calltypes", None) or {}).items()):
+                func = expr._kws.get("func") if getattr(expr, "op", "") == "call" else None
+                fty = typemap.get(getattr(func, "name", ""), None)
+                key = getattr(fty, "typing_key", None)
+                if isinstance(key, np.ufunc) and sig is not None and "ufunc" not in allow \
+                        and any(isinstance(a, types.Array) for a in getattr(sig, "args", ())):
+                    found.append(f"`np.{key.__name__}` on a whole array (in compiled code): apply it to single "
+                                 "values in your loop")
+            try:
+                llvm = cres.library.get_llvm_str()
+            except Exception:  # noqa: BLE001
+                llvm = ""
+            for sym, what in (("numba_xxgemm", "BLAS (np.dot/@)"), ("numba_xxdot", "BLAS (np.dot/np.vdot)"),
+                              ("numba_xxgemv", "BLAS (np.dot)"), ("numba_ez_", "LAPACK (np.linalg)"),
+                              ("PyObject_Call", "a call into the Python interpreter")):
+                if sym in llvm and (("linalg" not in allow and "dot" not in allow) or sym == "PyObject_Call"):
+                    found.append(f"{what} (in compiled code)")
+    return sorted(set(found))
+
+
+def _apply_host_writes(writes, real, plan_arrays) -> None:
+    import numpy as np
+
+    for w in writes or []:
+        d = real.get((w["role"], w["k"]))
+        if d is None:
+            continue
+        idx = plan_arrays.get(w["key"] + "_idx")
+        val = plan_arrays.get(w["key"] + "_val")
+        if idx is None or val is None:
+            continue
+        flat = d._ary.reshape(-1)
+        ok = (idx >= 0) & (idx < flat.size)
+        flat[idx[ok]] = val[ok].astype(flat.dtype, copy=False)
+
+
+def _replay(made, plan, real, plan_arrays, cache) -> list:
+    """Launch the plan's kernels, in order, on the grader's arrays."""
+    import numpy as np
+
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    for la in plan["launches"]:
+        _apply_host_writes(la.get("host_writes"), real, plan_arrays)
+        kernel = made.get(la["kernel"])
+        if kernel is None or la["module"] != "submission":
+            continue
+        args = []
+        for a in la["args"]:
+            kind = a["kind"]
+            if kind in ("out", "in"):
+                args.append(real[(kind, a["k"])])
+            elif kind == "view":
+                base = real[(a["role"], a["k"])]._ary
+                v = np.ndarray(tuple(a["shape"]), np.dtype(a["dtype"]), buffer=base, offset=a["offset"],
+                               strides=tuple(a["strides"]))
+                args.append(FakeCUDAArray(v))
+            elif kind == "made":
+                arr = cache.get(a["id"])
+                src = plan_arrays[a["key"]]
+                if arr is None:
+                    arr = cache[a["id"]] = FakeCUDAArray(np.array(src, copy=True))
+                elif not np.array_equal(_bits(src), _bits(cache.setdefault(("snap", a["id"]), src))):
+                    arr._ary[...] = src  # the host changed it between launches
+                cache[("snap", a["id"])] = src
+                args.append(arr)
+            elif kind == "scalar":
+                t = a["dtype"]
+                args.append({"int": int, "float": float, "bool": bool}[t](a["value"]) if t in ("int", "float", "bool")
+                            else np.dtype(t).type(a["value"]))
+            else:
+                raise TypeError(f"a kernel argument of type {a.get('type')} cannot be passed to a kernel")
+        grid, block = tuple(la["grid"]), tuple(la["block"])
+        if la.get("dynshared"):
+            kernel[grid, block, 0, la["dynshared"]](*args)
+        else:
+            kernel[grid, block](*args)
+    _apply_host_writes(plan.get("end_writes"), real, plan_arrays)
+    return []
+
+
+def exec_job(job, where, result) -> dict:
+    """The exec run: rebuild the functions from the notebook's text (no other statement of it runs), say
+    ready, read the hidden inputs from stdin, run, report."""
+    import io
+
+    import numpy as np
+
+    from .. import device
+    from . import kernelpack
+    from .racecheck import instrumented
+
+    _progress("rebuilding your functions from their source")
+    made = kernelpack.build(os.path.abspath(SUBMISSION), job["pack"])
+    plan_arrays = {}
+    if os.path.exists("plan.npz"):
+        with np.load("plan.npz", allow_pickle=False) as z:
+            plan_arrays = {k: z[k] for k in z.files}
+    ready = job.get("ready_fd")
+    if ready is not None:
+        os.write(int(ready), b"ready\n")
+        os.close(int(ready))
+    _progress("waiting for the inputs")
+    data = sys.stdin.buffer.read()
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    del data
+    backend = job["backend"]
+    name = job["function"]
+    outputs: dict = {}
     cases = []
     result["cases"] = cases
-    with np.load("inputs.npz", allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
+    if backend == "cpu":
+        fn = made[name]
     for ci, case in enumerate(job["cases"]):
         _progress(f"running `{name}` on {case['label']}")
         inputs = [arrays[k][()] if case["scalar"][i] else arrays[k] for i, k in enumerate(case["inputs"])]
@@ -758,33 +1044,27 @@ def run_job(job, mod, where, result) -> dict:
                 cuda = device.cuda
                 d_in = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in inputs]
                 d_out = [cuda.to_device(o) for o in outs]
+                real = {("out", k): d for k, d in enumerate(d_out)}
+                real.update({("in", k): d for k, d in enumerate(d_in) if hasattr(d, "_ary")})
                 with instrumented(track_races=job.get("racecheck", True)) as session, device.simulator_speedup():
                     session.watch(d_out)
-                    try:
-                        tripwire.arm()
-                        fn(*d_out, *d_in)
-                    finally:
-                        tripwire.disarm()
+                    _replay(made, job["plans"][ci], real, plan_arrays, {})
                     writes = session.writes()
                 rec["writes"] = [{"kernel": w.n_kernel, "host": w.n_host, "size": w.size,
                                   "first_host": int(np.flatnonzero(w.host.reshape(-1))[0]) if w.n_host else -1}
                                  for w in writes]
-                # read what the arrays hold (not through methods the launcher could have replaced)
                 got = [np.array(d._ary, copy=True) for d in d_out]
                 after = [np.array(d._ary, copy=True) if isinstance(a, np.ndarray) else None
                          for d, a in zip(d_in, inputs)]
             else:
-                tripwire.precompile(fn, outs + inputs)
-                try:
-                    tripwire.arm()
+                _Tripwire.precompile(fn, outs + inputs)
+                bad = compiled_problems(fn, job.get("allow", ()))
+                if bad:
+                    rec["shortcut_calls"] = bad
+                    got, after = None, None
+                else:
                     fn(*outs, *inputs)
-                finally:
-                    tripwire.disarm()
-                    try:
-                        tripwire.calls += tripwire.compiled_calls(fn)
-                    except Exception:  # noqa: BLE001  (Numba internals moved: the static scan still holds)
-                        pass
-                got, after = outs, inputs
+                    got, after = outs, inputs
         except BaseException as e:  # noqa: BLE001  (student code may raise anything, SystemExit included)
             rec["error"] = _exc_info(e, where)
             if isinstance(e, (SystemExit, KeyboardInterrupt)):
@@ -792,19 +1072,12 @@ def run_job(job, mod, where, result) -> dict:
             got, after = None, None
         rec["seconds"] = time.perf_counter() - t0
         if session is not None:
-            launches = session.report().launches
-            for la in launches:
+            for la in session.report().launches:
                 rec["launches"].append({"kernel": la.kernel, "module": la.module, "grid": la.grid, "block": la.block,
                                         "argtypes": la.argtypes, "error": la.error})
                 rec["races"] += [r.describe(lambda a: where(a.line, a.file)) for r in la.races]
                 rec["barriers"] += [b.describe(lambda f, ln: where(ln, f)) for b in la.barrier_problems]
                 rec["n_races"] = rec.get("n_races", 0) + la.n_races
-        new_mods = tripwire.new_course_modules()
-        if new_mods:
-            tripwire.calls.append("the course's kernels (it imported " + ", ".join(new_mods[:3]) + " while running)")
-        if tripwire.calls:
-            rec["shortcut_calls"] = sorted(set(tripwire.calls))
-            tripwire.calls.clear()
         if got is not None:
             for k, g in zip(case["outputs"], got):
                 outputs[k] = np.asarray(g)
@@ -814,14 +1087,17 @@ def run_job(job, mod, where, result) -> dict:
     return outputs
 
 
-def ptx_job(job, mod, where, result) -> None:
+def ptx_job(job, where, result) -> None:
+    """Compile the rebuilt kernels for sm_90 (the notebook's own statements are not run here either)."""
     from .. import ptx
+    from . import kernelpack
 
+    made = kernelpack.build(os.path.abspath(SUBMISSION), job["pack"])
     out = []
     for item in job["ptx"]:
         kname, sig = item["kernel"], item["signature"]
         entry = {"kernel": kname, "signature": sig}
-        kobj = getattr(mod, kname, None)
+        kobj = made.get(kname)
         if kobj is None:
             entry.update(ok=False, message=f"`{kname}` is not defined")
         else:
@@ -836,8 +1112,6 @@ def ptx_job(job, mod, where, result) -> None:
                 msg = re.sub(r"[^\s\"']*/submission\.py", "submission.py", msg)
                 line = _student_line(e.__traceback__)
                 entry.update(ok=False, type=type(e).__name__, message=msg[:1500])
-                import re
-
                 m = re.search(r'File "[^"]*submission\.py", line (\d+)', str(e))
                 if m:
                     line = int(m.group(1))
@@ -910,6 +1184,9 @@ def load_error_lines(errors, names=None) -> list[str]:
         out.append(f"loading your code raised {e['type']}: {e['message']}{at}; the rest of that cell did not run"
                    + (f" (it would have defined {', '.join(f'`{n}`' for n in e['not_defined'][:6])})"
                       if e.get("not_defined") else ""))
+        if e.get("type") in ("ModuleNotFoundError", "ImportError") and "kernels_src" in e.get("message", ""):
+            out[-1] += (" (the grader's process has only kernels_src.device and kernels_src.compiler: the course's "
+                        "references, helpers and measurements are not there, so a cell that imports them does not run)")
     return out
 
 
@@ -920,10 +1197,16 @@ def main(argv=None) -> None:
     argv = argv if argv is not None else sys.argv[1:]
     with open(argv[0], encoding="utf-8") as f:
         job = json.load(f)
+    result: dict = {"status": "ok", "notes": []}
+    conf = job.get("confine")
+    if conf is not None:  # first: before anything of the student's is read
+        from .confine import confine
+
+        result["confined"] = confine(os.getcwd(), read=conf.get("read", ()), uid=conf.get("uid"),
+                                     net=conf.get("net", True))
     from .sandbox import apply_limits
 
     apply_limits(job.get("limits", {}))
-    result: dict = {"status": "ok", "notes": []}
     outputs: dict = {}
     try:
         _progress("starting Python and Numba")
@@ -931,6 +1214,12 @@ def main(argv=None) -> None:
         import numpy  # noqa: F401
 
         where = Where(job.get("line_map"))
+        if job["mode"] == "exec":
+            outputs = exec_job(job, where, result)
+            _finish(result, outputs)
+        if job["mode"] == "ptx":
+            ptx_job(job, where, result)
+            _finish(result, outputs)
         _progress("loading your code (its imports, definitions and constants)")
         import importlib.util
 
@@ -939,9 +1228,6 @@ def main(argv=None) -> None:
             spec = importlib.util.spec_from_file_location("submission", os.path.abspath(SUBMISSION))
             mod = importlib.util.module_from_spec(spec)
             sys.modules["submission"] = mod
-            if job["mode"] == "run":
-                _TRIPWIRE.configure(job.get("allow", ()))
-                _TRIPWIRE.wrap_ufuncs()
             _load_cells(mod, where, result, job["mode"])
         except BaseException as e:  # noqa: BLE001  (the file does not parse: not a notebook the bundle made)
             info = _exc_info(e, where)
@@ -950,11 +1236,8 @@ def main(argv=None) -> None:
                           message=(f"loading your code raised {info['type']}: {info['message']}"
                                    + (f"\n    at {info['where']}" if info["where"] else "")))
             _finish(result)
-        if job["mode"] == "run":
-            _TRIPWIRE.install()
-            outputs = run_job(job, mod, where, result)
-        elif job["mode"] == "ptx":
-            ptx_job(job, mod, where, result)
+        if job["mode"] == "plan":
+            outputs = plan_job(job, mod, where, result)
         else:
             raise ValueError(f"unknown mode {job['mode']!r}")
     except BaseException as e:  # noqa: BLE001

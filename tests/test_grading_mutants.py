@@ -1,0 +1,94 @@
+"""Hidden inputs that separate right from wrong, found by mutation (issue 28, class 8).
+
+Each mutant is a plausible wrong answer: the master solution with one small edit (an off-by-one, epsilon in the
+wrong place, a missing bias correction, a wrong stride or mask, a dropped term). Every mutant must fail one of
+its question's hidden checks on every seed tried: a mutant that survives means the hidden inputs cannot tell
+that mistake from a right answer. The mutated code runs in this process (GPU answers in the CUDA simulator)
+with the grader's own cases, poisoned outputs and tolerances, as tests/test_grading_seeds.py does.
+"""
+import types
+
+import pytest
+
+from _grading_support import generated
+from kernels_src import device
+from kernels_src.grading import bundle as bundle_mod
+from kernels_src.grading import corpus
+from kernels_src.grading.submission import load_autograder
+from test_grading_seeds import _failures
+
+SEEDS = (0, 1, 2)
+# (exercise, question, name, text in the master's answer, its replacement)
+MUTANTS = [
+    ("ch01_axpy", "q1", "loop stops one short", "range(out.size)", "range(out.size - 1)"),
+    ("ch01_axpy", "q2", "guard one short", "if i < out.size:", "if i < out.size - 1:"),
+    ("ch01_axpy", "q2", "grid rounds down", "ceil_div(out.size, threads)", "max(1, out.size // threads)"),
+    ("ch01_axpy", "q3", "stride loop one short", "while i < out.size:", "while i < out.size - 1:"),
+    ("ch01_axpy", "q3", "stride is the block", "stride = cuda.gridsize(1)", "stride = cuda.gridsize(1) + 1"),
+    ("ch02_regression", "q1", "mean over n - 1", "loss[0] = s_rr / n", "loss[0] = s_rr / max(n - 1, 1)"),
+    ("ch02_regression", "q1", "gradient without the 2", "db[0] = 2.0 * s_r / n", "db[0] = s_r / n"),
+    ("ch02_regression", "q2", "threads past the end add their residual", "    if i < n:\n        r = w * x[i] + b - y[i]",
+     "    r = w * x[min(i, n - 1)] + b - y[min(i, n - 1)]"),
+    ("ch04_gemv", "q2", "k slice one short", "k1 = min(k0 + KSLICE, x.size)", "k1 = min(k0 + KSLICE, x.size - 1)"),
+    ("ch05_gemm", "q1", "k loop one short", "for k in range(A.shape[1]):", "for k in range(A.shape[1] - 1):"),
+    ("ch05_gemm", "q2", "tile guard ignores K", "if i < M and k0 + tx < K else", "if i < M else"),
+    ("ch07_norms", "q1", "eps outside the square root", "math.sqrt(sq[0] / float32(N) + float32(EPS))",
+     "(math.sqrt(sq[0] / float32(N)) + float32(EPS))"),
+    ("ch07_norms", "q2", "dx without the xhat term", "- sg - xhat * sgx)", "- sg)"),
+    ("ch08_softmax", "q1", "fully masked row not handled", "if m == -math.inf:\n            for j",
+     "if False:\n            for j"),
+    ("ch08_softmax", "q2", "fully masked row not handled", "if m == ninf:\n            y[i, c] = 0.0",
+     "if False:\n            y[i, c] = 0.0"),
+    ("ch10_rope_kv_cache", "q1", "rotation sign flipped", "y[t, h, i] = a * c - b * s", "y[t, h, i] = a * c + b * s"),
+    ("ch10_rope_kv_cache", "q4", "masked split not skipped", "if m == -math.inf:\n                continue",
+     "if False:\n                continue"),
+    ("ch11_quantization", "q1", "round half to even", "int(math.floor(abs(v) + 0.5))", "int(round(abs(v)))"),
+    ("ch11_quantization", "q3", "wrong block stride", "qs[n, 34 * b + 2 + j]", "qs[n, 32 * b + 2 + j]"),
+    ("ch12_optimizers", "q1", "nesterov uses the plain step", "p_new[i] = p[i] - lr * (gt + momentum * bi)",
+     "p_new[i] = p[i] - lr * bi"),
+    ("ch12_optimizers", "q2", "epsilon inside the square root",
+     "mi / (math.sqrt(vi) * inv_sqrt_bc2 + eps)", "mi / (math.sqrt(vi + eps) * inv_sqrt_bc2)"),
+    ("ch12_optimizers", "q3", "missing bias correction of m", "du_bc[i] = -lr * (m / (1.0 - beta1))",
+     "du_bc[i] = -lr * m"),
+    ("ch12_optimizers", "q3", "epsilon inside the square root", "(math.sqrt(v / (1.0 - beta2)) + eps)",
+     "(math.sqrt(v / (1.0 - beta2) + eps))"),
+]
+
+
+def _mutated_module(slug, question, old, new):
+    code = corpus.master_solutions(slug)[question]
+    assert old in code, f"{slug}/{question}: the mutant's text is not in the master's answer: {old!r}"
+    nb = corpus.build_submission(slug, {question: code.replace(old, new, 1)})
+    b = bundle_mod.from_notebook(nb)
+    mod = types.ModuleType("submission")
+    mod.__file__ = f"<{slug} mutant>"
+    exec(compile(b.source, mod.__file__, "exec"), mod.__dict__)  # noqa: S102  (the project's own solution, edited)
+    return mod
+
+
+def test_every_mutant_edits_its_master():
+    for slug, q, _, old, _ in MUTANTS:
+        assert old in corpus.master_solutions(slug)[q], (slug, q, old)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slug,question,name,old,new", MUTANTS, ids=[f"{m[0]}/{m[1]}/{m[2]}" for m in MUTANTS])
+def test_mutant_fails_a_hidden_check(slug, question, name, old, new):
+    ag = load_autograder(generated(slug) / "build" / slug)
+    specs = [s for case in ag.plan[question] for s in case if s.hidden]
+    assert specs, f"{slug}/{question} has no hidden check"
+    if any(s.kind == "gpu" for s in specs) and not device.GPU_VARIANTS_RUN:
+        pytest.skip(f"GPU answers cannot run here ({device.REASON})")
+    mod = _mutated_module(slug, question, old, new)
+    survived = []
+    for seed in SEEDS:
+        caught = False
+        for spec in specs:
+            fn = getattr(mod, spec.function)
+            if _failures(spec, fn, seed):
+                caught = True
+                break
+        if not caught:
+            survived.append(seed)
+    assert not survived, (f"{slug}/{question}: the mutant '{name}' passes every hidden check on seed(s) {survived}: "
+                          "the hidden inputs cannot tell it from a right answer")
