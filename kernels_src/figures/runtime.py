@@ -76,6 +76,8 @@ def decode_summary(runs, cfg):
     """{name: [tokens/s per run]} for one config over repeated bench files."""
     out = {}
     for res in runs:
+        if cfg not in res["configs"]:  # a run of the other config only
+            continue
         c = res["configs"][cfg]
         for k, v in c["course"].items():
             out.setdefault(k, []).append(v["tokens_per_s"])
