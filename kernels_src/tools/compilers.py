@@ -92,6 +92,63 @@ def _count(per_op: dict, reports) -> None:
                 e["failures"][key] = " ".join(str(r).split())[:300]
 
 
+def _child_json(args: list[str], timeout: float) -> tuple[dict | None, str]:
+    """Run ``python -m kernels_src.tools.compilers ARGS`` (same compiler, same environment); return its JSON
+    (the last stdout line) or None and the reason: a kernel that corrupts the GPU context (an illegal address
+    is sticky for the whole process) then costs only its own op, not every op after it."""
+    import subprocess
+
+    try:
+        p = subprocess.run([sys.executable, "-m", "kernels_src.tools.compilers", *args], capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout:.0f} s"
+    lines = p.stdout.strip().splitlines()
+    if p.returncode == 0 and lines:
+        try:
+            return json.loads(lines[-1]), ""
+        except ValueError:
+            pass
+    tail = [ln for ln in p.stderr.strip().splitlines() if ln.strip()][-1:] or [f"exit {p.returncode}"]
+    return None, f"process failed (exit {p.returncode}): {tail[0][:250]}"
+
+
+def _isolated_checks(jobs: int, save=None, timeout: float = 240) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .. import ops as _all_ops  # noqa: F401
+    from ..registry import ops
+
+    names = [op.name for op in ops() if any(v.backend == "gpu" for v in op.variants)]
+    per_op: dict = {}
+
+    def one(name):
+        res, why = _child_json(["child", "checks", name], timeout)
+        return name, (res or {}).get(name) if res is not None else {
+            "passed": 0, "failed": 1, "skipped": 0, "failures": {name: why}}
+
+    with ThreadPoolExecutor(jobs) as ex:
+        for name, entry in ex.map(one, names):
+            per_op[name] = entry or {"passed": 0, "failed": 0, "skipped": 0, "failures": {}}
+            if save is not None:
+                save(per_op)
+    return per_op
+
+
+def _one_rung(rung: dict) -> dict:
+    from ..bench import bench
+
+    row = dict(rung)
+    try:
+        res = bench(rung["op"], "gpu", variants=[rung["variant"]], sizes=[tuple(rung["size"])], progress=False,
+                    include_peaks=False)
+        r = res["rows"][0]
+        row.update(median_s=r.get("median_s"), skipped=r.get("skipped"))
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    return row
+
+
 def _launch_cost(n_arrays: int, launches: int = 200) -> float:
     cuda = compiler.cuda
     args = ", ".join(f"a{k}" for k in range(n_arrays))
@@ -116,8 +173,9 @@ def _launch_cost(n_arrays: int, launches: int = 200) -> float:
 PARTS = ("launch", "rungs", "checks")
 
 
-def measure(parts=PARTS, save=None) -> dict:
-    from ..bench import bench, environment
+def measure(parts=PARTS, save=None, isolate: int = 0) -> dict:
+    """``isolate=N``: each op's checks and each rung in its own process, N at a time."""
+    from ..bench import environment
 
     out = {"compiler": compiler.NAME, "version": compiler.version(), "environment": environment(),
            "launch_us": {}, "rungs": [], "checks": {}, "parts": list(parts)}
@@ -127,14 +185,11 @@ def measure(parts=PARTS, save=None) -> dict:
         except Exception as e:  # noqa: BLE001  (a compiler that cannot launch it is the finding)
             out["launch_us"][str(n)] = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
     for rung in (best_rungs() if "rungs" in parts else ()):
-        row = dict(rung)
-        try:
-            res = bench(rung["op"], "gpu", variants=[rung["variant"]], sizes=[tuple(rung["size"])], progress=False,
-                        include_peaks=False)
-            r = res["rows"][0]
-            row.update(median_s=r.get("median_s"), skipped=r.get("skipped"))
-        except Exception as e:  # noqa: BLE001
-            row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        if isolate:
+            res, why = _child_json(["child", "rung", json.dumps(rung)], 200)
+            row = res if res is not None else dict(rung, error=why)
+        else:
+            row = _one_rung(rung)
         out["rungs"].append(row)
         print(f"  {row['op']}/{row['variant']} {row['size']}: {row.get('median_s') or row.get('error')}", flush=True)
     t0 = time.perf_counter()
@@ -146,7 +201,7 @@ def measure(parts=PARTS, save=None) -> dict:
                 if save is not None:
                     save(out)
 
-            out["checks"] = _checks(partial)
+            out["checks"] = _isolated_checks(isolate, partial) if isolate else _checks(partial)
     except Exception:  # noqa: BLE001
         out["checks_error"] = traceback.format_exc()[-2000:]
     out["checks_s"] = time.perf_counter() - t0
@@ -187,11 +242,26 @@ def main(argv=None) -> int:
     m = sub.add_parser("measure", help="checks, launch cost and best rungs with this process's compiler")
     m.add_argument("--out", required=True)
     m.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    m.add_argument("--isolate", type=int, default=0, metavar="N",
+                   help="run each op's checks and each rung in its own process, N at a time")
+    ch = sub.add_parser("child", help=argparse.SUPPRESS)
+    ch.add_argument("what", choices=["checks", "rung"])
+    ch.add_argument("arg")
     c = sub.add_parser("compare", help="merge a numba-cuda and a numba-cuda-mlir measurement")
     c.add_argument("numba_cuda_json")
     c.add_argument("mlir_json")
     c.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if args.cmd == "child":  # one op's checks or one rung, printed as one JSON line
+        if args.what == "checks":
+            per_op: dict = {}
+            from ..parity import check
+
+            _count(per_op, check(args.arg, "gpu", progress=False))
+            print(json.dumps(per_op))
+        else:
+            print(json.dumps(_one_rung(json.loads(args.arg)), default=str))
+        return 0
     if args.cmd == "measure":
         if device.MODE != "gpu":
             print(f"error: measuring compilers needs a real GPU ({device.REASON})", file=sys.stderr)
@@ -209,7 +279,7 @@ def main(argv=None) -> int:
         def save(result):
             out.write_text(json.dumps(result, indent=1, default=str))
 
-        save(measure(parts, save))
+        save(measure(parts, save, isolate=args.isolate))
         print(f"wrote {out}")
         return 0
     paths = [Path(args.numba_cuda_json), Path(args.mlir_json)]
