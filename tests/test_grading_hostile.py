@@ -100,11 +100,11 @@ def axpy_cpu(out, a, x, y):
     s = _f(x, x)
     for i in range(out.size):
         out[i] = a * x[i] + y[i] + 0 * s
-''', "q1", "NumPy's vdot"),
+''', "q1", "vdot"),
     "c_level_entry_in_kernel": (KERNEL.format(body="np._core.multiarray.dot(x, y) * 0 + a * x[i] + y[i]") + '''
 def axpy_gpu(out, a, x, y):
     axpy_kernel[ceil_div(out.size, 128), 128](out, a, x, y)
-''', "q2", "`._core`"),
+''', "q2", "dot"),
     "linalg_module_in_njit": ('''
 la = np.linalg
 
@@ -114,7 +114,7 @@ def axpy_cpu(out, a, x, y):
     n = la.norm(x)
     for i in range(out.size):
         out[i] = a * x[i] + y[i] + 0 * n
-''', "q1", "numpy.linalg"),
+''', "q1", "linalg"),
     "einsum_by_another_name": ('''
 from numpy import einsum as combine
 
@@ -185,13 +185,13 @@ def test_class5_work_while_the_notebook_loads(tmp_path):
     bench = ROOT / "book" / "data" / "bench" / "h100" / "axpy_gpu.json"
     top = f'''
 import glob, io, sys
+ANSWER = np.zeros(4099, np.float32)  # to be filled with the answer, if the inputs can be found
 STASH = None
 for f in glob.glob("*.npz"):  # the job's own inputs, if any were lying around
     z = np.load(f)
     STASH = [z[k] for k in z.files]
 if STASH is None:
     STASH = np.load(io.BytesIO(sys.stdin.buffer.read()))  # or on stdin
-ANSWER = np.zeros(4099, np.float32)
 MEASURED = open({str(bench)!r}).read()
 '''
     q2 = '''

@@ -7,12 +7,15 @@ An exercise's test cell is a few lines::
     check_gpu("axpy_gpu", kernels=("axpy_kernel",), op="axpy", edge=True, hidden=True)
 
 Each call grades the student's function against the op's float64 reference on fresh random inputs
-(awkward shapes; edge values with ``edge=True``), with poisoned outputs, an input-mutation check, a
-shortcut scan (the course's references and kernels, ``np.matmul``, ``np.dot``, ``np.sum``, ...), the
-right kind of code (``@njit`` for CPU answers, a launcher plus ``@cuda.jit`` kernels for GPU answers),
-for GPU answers the shared-memory race detector and a PTX compile for sm_90, and student-facing
-feedback. It prints the feedback and raises ``AssertionError`` when the check fails, which is what an
-otter exception-based test needs.
+(awkward shapes; edge values with ``edge=True``), with poisoned outputs and an input-mutation check. The
+notebook's code is loaded in a sandboxed *plan* run that never sees the graded inputs (a GPU launcher is
+called there on decoy inputs, its launches recorded); the graded kernels and ``@njit`` functions are then
+rebuilt from their ``def`` text in a sandboxed *exec* run where no other line of the notebook runs, which
+receives the inputs over a pipe once ready and runs them (the launches replayed by the grader), under the
+race detector for GPU answers; compiled code is checked for object mode and NumPy's products and
+reductions, kernels are compiled to PTX for sm_90, and the feedback is written for the student (see
+:mod:`.checks`, :mod:`.kernelpack`, :mod:`.confine`). It prints the feedback and raises ``AssertionError``
+when the check fails, which is what an otter exception-based test needs.
 
 Where the code comes from, and who decides the grade, depends on where the call runs:
 

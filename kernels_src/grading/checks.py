@@ -576,11 +576,14 @@ def _decoy_cases(spec: CheckSpec, op, cases, seed: int) -> list:
                 other = parity.as_tuple(op.make_inputs(size, dtype, rng))
             mixed = []
             for real, dec in zip(inputs, other):
-                if isinstance(real, np.ndarray) and isinstance(dec, np.ndarray) and dec.shape == real.shape \
-                        and dec.dtype == real.dtype:
+                if not isinstance(real, np.ndarray) or real.ndim == 0:
+                    mixed.append(real)  # scalars are the real ones (host math on them is allowed)
+                elif isinstance(dec, np.ndarray) and dec.shape == real.shape and dec.dtype == real.dtype:
                     mixed.append(dec)
-                else:
-                    mixed.append(real)  # scalars (and anything that does not match) are the real ones
+                elif real.dtype.kind == "f":  # a draw of another shape: fresh values of the real shape
+                    mixed.append(rng.standard_normal(real.shape).astype(real.dtype))
+                else:  # integers (indices, codes): the same values, shuffled
+                    mixed.append(rng.permutation(real.reshape(-1)).reshape(real.shape))
             drawn.append(mixed)
         out.append(drawn)
     return out

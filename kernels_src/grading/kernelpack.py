@@ -40,7 +40,7 @@ BANNED_ATTRS = {"format", "format_map", "mro", "copy_to_host", "copy_to_device",
                 "ptp", "round", "byteswap", "newbyteorder", "split", "bind", "forall", "specialize",
                 "overloads", "py_func", "fn", "compile", "inspect_llvm", "inspect_asm", "inspect_types"}
 CPU_BANNED_ATTRS = {"format", "format_map", "mro", "ctypes", "dot", "sum", "mean", "prod", "cumsum", "cumprod",
-                    "trace", "std", "var"}
+                    "trace", "std", "var", "reduce", "accumulate", "reduceat", "outer", "at"}
 # array attributes a kernel may read (the rest of BANNED_ATTRS are methods that move or reduce data)
 NP_KERNEL_OK_TYPES = (float, int, bool)
 FORBIDDEN_UFUNCS = {"matmul", "vecdot", "matvec", "vecmat"}

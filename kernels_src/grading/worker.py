@@ -1,18 +1,22 @@
-"""The sandboxed side of a check: load the student's code, find their functions, run them, report.
+"""The sandboxed side of a check: load the student's code, describe what to run, run it, report.
 
-Started by :mod:`kernels_src.grading.sandbox` as ``python -I -m kernels_src.grading.worker job.json``
-in an empty directory holding ``submission.py`` (the student's code), ``job.json`` and ``inputs.npz``.
+Started by :mod:`kernels_src.grading.sandbox` as ``python -I <runtime>/boot.py job.json`` in a fresh directory
+holding ``submission.py`` (the student's code) and ``job.json``; it confines itself first (:mod:`.confine`).
 It writes ``result.json`` and ``outputs.npz`` and exits with ``os._exit`` (so no student thread or
 ``atexit`` hook runs after it). It never sees a reference output: the comparison happens in the parent.
 
 Modes:
-  run   load the code, check the kind of each named object (a Numba ``@njit`` function for CPU
-        answers; a launcher plus ``@cuda.jit`` kernels defined in the submission for GPU answers),
-        scan it for shortcuts (the course's references or kernels, ``np.matmul``/``np.dot``/...),
-        then call it on each case's inputs with poisoned outputs; GPU runs go through the race
-        detector, and every launch is recorded with its argument types.
-  ptx   load the code with the real numba.cuda (``KERNELS_DEVICE=ptx``) and compile each kernel to
-        PTX for sm_90 with the signatures observed in the run: the simulator does not check typing.
+  plan  load the code cell by cell; check the kind of each named object (a Numba ``@njit`` function for CPU
+        answers; a launcher plus ``@cuda.jit`` kernels defined in the submission for GPU answers), stubs,
+        signatures, and the source for shortcuts; for a GPU answer call the launcher on two decoy draws
+        of the inputs (``decoys.npz``) with launches recorded, not run (:class:`_LaunchRecorder`); describe
+        the functions to grade as plain data (:func:`kernelpack.describe`).
+  exec  rebuild the checked functions from their ``def`` text (:func:`kernelpack.build`; no other statement
+        of the notebook runs), say "ready" on the pipe ``ready_fd``, read the graded inputs from stdin, and
+        run: the recorded launches replayed on the grader's arrays under the race detector and the write
+        record (GPU), or the compiled function after :func:`compiled_problems` (CPU).
+  ptx   rebuild the kernels with the real numba.cuda (``KERNELS_DEVICE=ptx``) and compile each to PTX for
+        sm_90 with the signatures observed in the exec run: the simulator does not check typing.
 """
 from __future__ import annotations
 
@@ -921,6 +925,11 @@ def compiled_problems(fn, allow=()) -> list[str]:
                 func = expr._kws.get("func") if getattr(expr, "op", "") == "call" else None
                 fty = typemap.get(getattr(func, "name", ""), None)
                 key = getattr(fty, "typing_key", None)
+                if key in (builtins.sum, builtins.max, builtins.min) and sig is not None \
+                        and any(isinstance(a, (types.Array, types.ArrayCompatible)) for a in getattr(sig, "args", ())) \
+                        and key.__name__ not in allow:
+                    found.append(f"the built-in `{key.__name__}()` over a whole array (in compiled code): that is a "
+                                 "reduction your loop should do")
                 if isinstance(key, np.ufunc) and sig is not None and "ufunc" not in allow \
                         and any(isinstance(a, types.Array) for a in getattr(sig, "args", ())):
                     found.append(f"`np.{key.__name__}` on a whole array (in compiled code): apply it to single "
