@@ -32,11 +32,16 @@ def test_zip_contents_and_pinned_requirements(tmp_path):
     reqs = [ln for ln in (tmp_path / "requirements.txt").read_text().splitlines() if ln and not ln.startswith("#")]
     assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[^=\s]+", r) for r in reqs), reqs
     pins = dict(r.split("==") for r in reqs)
-    for pkg in ("numpy", "numba", "numba-cuda", "otter-grader", "jupytext", "ipykernel"):
-        assert pins[pkg] == metadata.version(pkg), pkg
     lock = dict(ln.split(";")[0].strip().split("==") for ln in (ROOT / "requirements.lock").read_text().splitlines()
                 if "==" in ln)  # (a pin may carry a platform marker: `numba-cuda==0.30.4 ; sys_platform != "darwin"`)
     lock = {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in lock.items()}
+    for pkg in ("numpy", "numba", "numba-cuda", "otter-grader", "jupytext", "ipykernel", "nvidia-nvvm"):
+        try:
+            want = metadata.version(pkg)
+        except metadata.PackageNotFoundError:  # the macOS set (no CUDA wheels): the zip takes the Linux pin
+            want = lock[pkg]
+        assert pins[pkg] == want, pkg
+    assert "appnope" not in pins  # Gradescope runs Linux, whatever machine built the zip
     for k, v in pins.items():
         if k in lock:
             assert lock[k] == v, f"{k}: zip pins {v}, requirements.lock has {lock[k]}"
