@@ -208,6 +208,34 @@ def measure(parts=PARTS, save=None, isolate: int = 0) -> dict:
     return out
 
 
+MIX_VARIANTS = ("softmax/gpu/vec4", "layernorm/gpu/vec4", "gemv/gpu/splitk_grid", "attention/gpu/flash_causal",
+                "gelu/gpu/vec4", "copy/gpu/stride_v4")
+
+
+def ptx_mix(keys=MIX_VARIANTS) -> dict:
+    """The instruction mix of each kernel's PTX for sm_90 under this process's compiler (no GPU needed):
+    instructions, integer divisions/remainders, 16-byte loads, 4-byte loads, fused multiply-adds."""
+    import re
+
+    from .. import ops as _all_ops  # noqa: F401
+    from .. import ptx
+    from ..registry import get_variant
+
+    out = {}
+    for key in keys:
+        for kern, sig in get_variant(key).ptx:
+            lines = [ln.strip() for ln in ptx.compile_one(kern, sig).splitlines()]
+            ins = [ln for ln in lines if ln and not ln.startswith(("//", ".", "{", "}", "$", ")", "("))]
+            out[f"{key}:{ptx.py_func(kern).__name__}"] = {
+                "instructions": len(ins),
+                "int_div_rem": sum(1 for ln in ins if re.match(r"(div|rem)\.(s|u)(32|64)", ln)),
+                "v4_loads": sum(1 for ln in ins if re.match(r"ld\.(global|shared)\S*\.v4", ln)),
+                "scalar_loads": sum(1 for ln in ins if re.match(r"ld\.(global|shared)\S*\.(f32|u32|s32|b32)\b", ln)),
+                "fma": sum(1 for ln in ins if ln.startswith("fma.")),
+                "approx": sum(1 for ln in ins if ".approx" in ln)}
+    return out
+
+
 def compare(a: dict, b: dict) -> dict:
     """One file from two ``measure`` results (``a`` numba-cuda, ``b`` numba-cuda-mlir)."""
     def totals(m):
@@ -244,8 +272,10 @@ def main(argv=None) -> int:
     m.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     m.add_argument("--isolate", type=int, default=0, metavar="N",
                    help="run each op's checks and each rung in its own process, N at a time")
+    x = sub.add_parser("ptxmix", help="PTX instruction mix of a few best rungs under both compilers (no GPU)")
+    x.add_argument("--out", required=True)
     ch = sub.add_parser("child", help=argparse.SUPPRESS)
-    ch.add_argument("what", choices=["checks", "rung"])
+    ch.add_argument("what", choices=["checks", "rung", "ptxmix"])
     ch.add_argument("arg")
     c = sub.add_parser("compare", help="merge a numba-cuda and a numba-cuda-mlir measurement")
     c.add_argument("numba_cuda_json")
@@ -259,8 +289,24 @@ def main(argv=None) -> int:
 
             _count(per_op, check(args.arg, "gpu", progress=False))
             print(json.dumps(per_op))
+        elif args.what == "ptxmix":
+            print(json.dumps({"compiler": compiler.NAME, "version": compiler.version(), "kernels": ptx_mix()}))
         else:
             print(json.dumps(_one_rung(json.loads(args.arg)), default=str))
+        return 0
+    if args.cmd == "ptxmix":
+        import os
+
+        res = {}
+        for name in ("numba-cuda", "mlir"):
+            os.environ.update(KERNELS_COMPILER=name, KERNELS_DEVICE="ptx", NUMBA_ENABLE_CUDASIM="0")
+            got, why = _child_json(["child", "ptxmix", "-"], 900)
+            if got is None:
+                print(f"error: {name}: {why}", file=sys.stderr)
+                return 1
+            res[name] = got
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        print(f"wrote {args.out}")
         return 0
     if args.cmd == "measure":
         if device.MODE != "gpu":
