@@ -49,13 +49,21 @@ def failing_variants(d) -> dict:
     return out
 
 
+def _error(text) -> str:
+    if not text:
+        return "–"
+    if "ILLEGAL_ADDRESS" in text:
+        return "fails: illegal address"
+    return "fails: " + text.split(":")[0][:40]
+
+
 def rung_rows(d) -> str:
     rows = []
     for r in d["rungs"]:
         a, b = r["numba_cuda_s"], r["mlir_s"]
         ratio = r["ratio_mlir_over_numba_cuda"]
         rows.append((r["chapter"], f"`{r['op']}/{r['variant']}`", "×".join(map(str, r["size"])),
-                     f"{a * 1e6:,.0f} µs" if a else "–", f"{b * 1e6:,.0f} µs" if b else (r.get("mlir_error") or "–")[:60],
+                     f"{a * 1e6:,.0f} µs" if a else "–", f"{b * 1e6:,.0f} µs" if b else _error(r.get("mlir_error")),
                      f"{ratio:.2f}×" if ratio else "–"))
     return _md(("ch", "best rung", "size", "numba-cuda", "numba-cuda-mlir", "mlir / numba-cuda"), rows)
 
