@@ -30,9 +30,11 @@ BATCH = 16
 POS = 128
 
 
-def _median_time(fn, reps=10, warm=2):
+def median_time(fn, reps=10, warm=2) -> float:
+    """Median wall seconds of ``fn()`` after ``warm`` untimed calls, the device drained around every call."""
     for _ in range(warm):
         fn()
+    device.synchronize()
     ts = []
     for _ in range(reps):
         device.synchronize()
@@ -74,7 +76,7 @@ def train_step(model, ids, tg):
         model.backward()
         model.adamw(1e-4)
 
-    t = _median_time(step)
+    t = median_time(step)
     with model.be.profile() as times:
         step()
     return {"median_s": t, "tokens_per_s": ids.size / t, "breakdown_s": times,
@@ -84,7 +86,7 @@ def train_step(model, ids, tg):
 def decode_step(model, pos=POS, qweights=None):
     cache = model.new_cache()
     tok = [3]
-    t = _median_time(lambda: model.decode_step(tok, pos, cache, qweights), reps=30, warm=3)
+    t = median_time(lambda: model.decode_step(tok, pos, cache, qweights), reps=30, warm=3)
     with model.be.profile() as times:
         model.decode_step(tok, pos, cache, qweights)
     return {"median_s": t, "tokens_per_s": 1.0 / t, "breakdown_s": times}
@@ -169,7 +171,7 @@ def torch_stage(cfg, params, model, ids, tg):
         l_.backward()
         opt.step()
 
-    t = _median_time(step)
+    t = median_time(step)
     out["train_step"] = {"median_s": t, "tokens_per_s": ids.size / t}
     H, D = cfg.heads, cfg.head_dim
     cache = [(torch.zeros(1, H, cfg.ctx, D, device="cuda"), torch.zeros(1, H, cfg.ctx, D, device="cuda"))
@@ -178,7 +180,7 @@ def torch_stage(cfg, params, model, ids, tg):
     def dstep():
         decode(torch.tensor([3], device="cuda"), POS, cache)
 
-    t = _median_time(dstep, reps=30, warm=3)
+    t = median_time(dstep, reps=30, warm=3)
     out["decode_step"] = {"median_s": t, "tokens_per_s": 1.0 / t}
     return out
 
@@ -232,7 +234,7 @@ def decode_compare(cfg, pos, reps=50, compile_torch=True) -> dict:
             cache = model.new_cache()
             dec = model.decoder(cache, qw, mode=mode)
             first = dec.step([3], pos)
-            t = _median_time(lambda: dec.step([3], pos), reps=reps, warm=3)
+            t = median_time(lambda: dec.step([3], pos), reps=reps, warm=3)
             again = dec.step([3], pos)
             e = {"median_s": t, "tokens_per_s": 1.0 / t, "mode": dec.describe(),
                  "replay_equals_first": bool(np.array_equal(first, again))}
@@ -247,11 +249,11 @@ def decode_compare(cfg, pos, reps=50, compile_torch=True) -> dict:
     cache = [(torch.zeros(1, H, cfg.ctx, D, device="cuda"), torch.zeros(1, H, cfg.ctx, D, device="cuda"))
              for _ in range(cfg.layers)]
     tok = torch.tensor([3], device="cuda")
-    t = _median_time(lambda: decode(tok, pos, cache), reps=reps, warm=3)
+    t = median_time(lambda: decode(tok, pos, cache), reps=reps, warm=3)
     out["torch"]["eager"] = {"median_s": t, "tokens_per_s": 1.0 / t}
     print(f"torch eager {1e6 * t:9.1f} us", flush=True)
     _g, run = torch_graph_decode(cfg, params, pos)
-    t = _median_time(run, reps=reps, warm=3)
+    t = median_time(run, reps=reps, warm=3)
     out["torch"]["graph"] = {"median_s": t, "tokens_per_s": 1.0 / t}
     print(f"torch graph {1e6 * t:9.1f} us", flush=True)
     if compile_torch:
@@ -261,7 +263,7 @@ def decode_compare(cfg, pos, reps=50, compile_torch=True) -> dict:
             for _ in range(3):
                 cdec(tok, pos, cache)
             comp_s = time.perf_counter() - t0
-            t = _median_time(lambda: cdec(tok, pos, cache), reps=reps, warm=3)
+            t = median_time(lambda: cdec(tok, pos, cache), reps=reps, warm=3)
             out["torch"]["compile"] = {"median_s": t, "tokens_per_s": 1.0 / t, "compile_s": comp_s}
             print(f"torch compile {1e6 * t:9.1f} us", flush=True)
         except Exception as e:  # report, keep the rest
@@ -310,7 +312,7 @@ def train_compare(cfg, B, T, reps=10, compile_torch=True, out=None, save=lambda:
 
     ts = []
     for _ in range(3):  # three medians of reps steps: how repeatable one run is
-        ts.append(_median_time(step, reps=reps, warm=2))
+        ts.append(median_time(step, reps=reps, warm=2))
     t = float(np.median(ts))
     with model.be.profile() as times:
         step()
@@ -332,7 +334,7 @@ def train_compare(cfg, B, T, reps=10, compile_torch=True, out=None, save=lambda:
         l_.backward()
         opt.step()
 
-    ts = [_median_time(lambda: tstep(forward), reps=reps, warm=2) for _ in range(3)]
+    ts = [median_time(lambda: tstep(forward), reps=reps, warm=2) for _ in range(3)]
     t = float(np.median(ts))
     out["torch_eager"] = {"median_s": t, "tokens_per_s": B * T / t, "medians_s": ts}
     print(f"train torch eager {1e3 * t:8.2f} ms", flush=True)
@@ -345,7 +347,7 @@ def train_compare(cfg, B, T, reps=10, compile_torch=True, out=None, save=lambda:
             for _ in range(2):
                 tstep(cf)
             comp = time.perf_counter() - t0
-            ts = [_median_time(lambda: tstep(cf), reps=reps, warm=2) for _ in range(3)]
+            ts = [median_time(lambda: tstep(cf), reps=reps, warm=2) for _ in range(3)]
             t = float(np.median(ts))
             out["torch_compile"] = {"median_s": t, "tokens_per_s": B * T / t, "medians_s": ts, "compile_s": comp}
             print(f"train torch compile {1e3 * t:8.2f} ms", flush=True)

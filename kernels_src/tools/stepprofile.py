@@ -38,19 +38,9 @@ def config(name):
 
 
 def _median_wall(fn, reps=20, warm=3):
-    from .. import device
+    from ..model.bench import median_time
 
-    for _ in range(warm):
-        fn()
-    device.synchronize()
-    ts = []
-    for _ in range(reps):
-        device.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        device.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+    return median_time(fn, reps=reps, warm=warm)
 
 
 def record_roles(model, fn):
