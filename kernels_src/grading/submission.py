@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import zipfile
@@ -270,11 +271,23 @@ def grade_submission(submission, autograder, *, jobs: int = 1, run_otter: bool =
         if name and name != ag.slug:
             notes.append(f"This notebook says it is for assignment {name!r}, but it was graded as {ag.slug!r}.")
         bundle = from_notebook(nb)
-        verdicts = run_verdicts(ag, bundle, seed, jobs, questions)
+        otter_box: dict = {}
+        pending = None
+        if run_otter:  # the notebook run starts now, alongside the checks; it shows their verdicts when ready
+            pending = _Pending()
+            thread = threading.Thread(target=lambda: otter_box.update(_run_otter(nb, ag, {}, pending)), daemon=True)
+            thread.start()
+        try:
+            verdicts = run_verdicts(ag, bundle, seed, jobs, questions)
+        finally:
+            if pending is not None:
+                pending.verdicts = verdicts
+                pending.event.set()
+                thread.join()
         notes += [f"Note: {n}." for n in bundle.notes]
     otter_view = {}
     if run_otter and nb is not None and not problem:
-        otter_view = _run_otter(nb, ag, verdicts)
+        otter_view = otter_box
         notes += otter_view.get("notes", [])
     case_outcomes = {}
     disagreements = []
@@ -319,8 +332,20 @@ def grade_submission(submission, autograder, *, jobs: int = 1, run_otter: bool =
 
 
 # ------------------------------------------------------------------------------------- otter run
-def _run_otter(nb, ag: Autograder, verdicts: dict) -> dict:
-    """Run otter's grading process on the notebook in a child process; return what it reported."""
+class _Pending:
+    """Verdicts that the notebook run, started before them, waits for."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.verdicts: dict = {}
+
+
+def _run_otter(nb, ag: Autograder, verdicts: dict, pending: _Pending | None = None) -> dict:
+    """Run otter's grading process on the notebook in a child process; return what it reported.
+
+    With ``pending``, the run starts before the verdicts exist: the notebook's check cells wait for the
+    verdicts file, written here once ``pending.event`` is set, and the time limit (which depends on the
+    verdicts: half of it after a check timed out) counts from the start of the run."""
     import nbformat
 
     view = {"notes": []}
@@ -344,13 +369,22 @@ def _run_otter(nb, ag: Autograder, verdicts: dict) -> dict:
         nb.nbformat, nb.nbformat_minor = 4, 5
         nbformat.write(nb, root / "submission" / f"{ag.slug}.ipynb")
         vfile = tmp / "verdicts.json"
-        vfile.write_text(json.dumps({k: v.to_json() for k, v in verdicts.items()}))
+
+        def write_verdicts(vs):
+            part = tmp / "verdicts.json.part"
+            part.write_text(json.dumps({k: v.to_json() for k, v in vs.items()}))
+            os.replace(part, vfile)
+
+        if pending is None:
+            write_verdicts(verdicts)
         from . import sandbox
 
         runtime = sandbox.runtime_dir()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNELS_GRADING_SEED", "KERNELS_BENCH"))}
         # the notebook's kernel imports kernels_src from the runtime copy: no references, helpers or data there
-        env.update({VERDICTS_ENV: str(vfile), "KERNELS_DEVICE": "sim", "PYTHONUNBUFFERED": "1",
+        hard = 20 * max([sp.timeout or sandbox.DEFAULT_TIMEOUT for sp in ag.specs] or [sandbox.DEFAULT_TIMEOUT])
+        env.update({VERDICTS_ENV: str(vfile), "KERNELS_VERDICTS_WAIT": str(hard), "KERNELS_DEVICE": "sim",
+                    "PYTHONUNBUFFERED": "1",
                     "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": runtime, "HOME": str(tmp),
                     "JUPYTER_RUNTIME_DIR": str(tmp / ".jupyter-runtime"), "IPYTHONDIR": str(tmp / ".ipython"),
                     "MPLCONFIGDIR": str(tmp / ".mpl"), "NUMBA_CACHE_DIR": str(tmp / ".numba"), "TMPDIR": str(tmp)})
@@ -361,13 +395,26 @@ def _run_otter(nb, ag: Autograder, verdicts: dict) -> dict:
         with open(tmp / "otter.log", "wb") as log:
             p = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
-            limit = notebook_timeout(ag, verdicts)
-            view["timeout"] = limit
-            try:
-                rc = p.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
-                _kill_group(p)
-                rc = None
+            limit = None
+            while True:
+                if limit is None and (pending is None or pending.event.is_set()):
+                    vs = verdicts if pending is None else pending.verdicts
+                    if pending is not None:
+                        write_verdicts(vs)
+                    limit = notebook_timeout(ag, vs)
+                    view["timeout"] = limit
+                remaining = t0 + (limit if limit is not None else hard) - time.perf_counter()
+                if remaining <= 0:
+                    _kill_group(p)
+                    rc = None
+                    break
+                try:
+                    rc = p.wait(timeout=min(remaining, 0.25))
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            if limit is None:
+                limit = hard
         view["seconds"] = round(time.perf_counter() - t0, 2)
         summary = None
         try:

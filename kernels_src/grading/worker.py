@@ -261,7 +261,7 @@ def _is_stub(fn) -> bool:
                                            and s.value.value is Ellipsis) for s in body)
 
 
-# What the call monitor records (see _Tripwire): canonical name -> the names a question's ``allow=`` may give.
+# What compiled code may not call: canonical name -> the names a question's ``allow=`` may give.
 _SUM_LIKE = {"sum": "sum", "nansum": "sum", "prod": "prod", "nanprod": "prod", "cumsum": "cumsum",
              "nancumsum": "cumsum", "cumprod": "cumprod", "nancumprod": "cumprod", "mean": "mean",
              "nanmean": "mean", "average": "average", "std": "std", "var": "var", "nanstd": "std", "nanvar": "var",
@@ -280,339 +280,52 @@ _UFUNC_METHODS = {("add", "reduce"): "sum", ("add", "accumulate"): "cumsum", ("a
                   ("multiply", "reduceat"): "prod", ("multiply", "outer"): "outer", ("matmul", "reduce"): "matmul"}
 
 
-def _classify_file(filename: str) -> str:
-    """'student' (the submission, or a file it wrote), 'transparent' (NumPy, the standard library, code made
-    by exec/eval: look at who called it) or 'trusted' (Numba, the course, the grader: calls made there are
-    not the student's)."""
-    if filename.startswith("<"):
-        return "transparent"
-    path = os.path.realpath(filename)
-    if os.path.basename(path) == SUBMISSION and os.path.dirname(path) == os.getcwd():
-        return "student"
-    numpy_dir = _NUMPY_DIR
-    if numpy_dir and path.startswith(numpy_dir):
-        return "transparent"
-    for root in _TRUSTED_ROOTS:
-        if path.startswith(root):
-            return "transparent" if root in _STDLIB_ROOTS and "site-packages" not in path else "trusted"
-    return "student"
+# The call monitor of the first round (a profile hook on the launcher's thread) is gone: the launcher now runs on
+# decoy inputs only, and the graded functions are rebuilt where nothing else of the notebook runs (see
+# kernelpack). What remains is reading what Numba compiled.
+def compiled_calls(fn, allow=()) -> list[str]:
+    """What a compiled @njit answer calls, from Numba's own typing of it (and of the @njit functions it
+    calls): NumPy's products and reductions, whatever name or closure they were reached through."""
+    import numpy as np
+    from numba.core import types
+
+    found, todo, seen = [], [fn], set()
+    while todo:
+        disp = todo.pop()
+        if id(disp) in seen or not hasattr(disp, "overloads"):
+            continue
+        seen.add(id(disp))
+        for cres in list(disp.overloads.values()):
+            typemap = getattr(getattr(cres, "type_annotation", None), "typemap", None) or {}
+            for t in typemap.values():
+                if isinstance(t, types.Dispatcher):
+                    todo.append(t.dispatcher)
+                elif isinstance(t, types.BoundFunction) and isinstance(t.typing_key, tuple) \
+                        and len(t.typing_key) == 2 and t.typing_key[1] in _ARRAY_METHODS:
+                    canonical = _ARRAY_METHODS[t.typing_key[1]]
+                    if canonical not in allow:
+                        found.append(f"`ndarray.{t.typing_key[1]}()` (in compiled code)")
+                elif isinstance(t, types.Function):
+                    key = t.typing_key
+                    mod = getattr(key, "__module__", "") or ""
+                    name = getattr(key, "__name__", "")
+                    if (mod.startswith("numpy") or key is getattr(np, name, None)) and name in _NUMPY_FUNCS \
+                            and _NUMPY_FUNCS[name] not in allow:
+                        found.append(f"`np.{name}` (in compiled code)")
+                    elif mod.startswith("numpy.linalg") and "linalg" not in allow:
+                        found.append(f"`np.linalg.{name}` (in compiled code)")
+    return found
 
 
-_NUMPY_DIR = ""
-_TRUSTED_ROOTS: tuple = ()
-_STDLIB_ROOTS: tuple = ()
+def precompile(fn, args) -> None:
+    """Compile an @njit answer for these arguments, so that what Numba compiled can be read before the call.
+    A failure is left to the real call, which reports it."""
+    try:
+        from numba import typeof
 
-
-class _Tripwire:
-    """Records what the student's code calls while it runs: the course's references and variants (wrapped),
-    and, through a profile hook on the launcher's thread, NumPy's products and reductions (``np.dot``,
-    ``np.einsum``, ``np.tensordot``, ``np.linalg.*``, ``ndarray.dot``/``.sum()``/``.__matmul__``,
-    ``np.add.reduce``, ``operator.matmul``, ...) however they were reached (an alias, ``getattr``,
-    ``functools.partial``, ``map``, a NumPy function that calls one), SciPy/torch, and ``eval``/``exec``.
-
-    A call counts when the nearest caller on the stack that is not NumPy or the standard library is the
-    student's code; a call made by Numba's compiler, the simulator or the grader does not. Compiled code
-    (``@njit``) makes no Python calls: it is compiled before the monitor is armed, and what it calls is read
-    from Numba's typing of it (:meth:`compiled_calls`). NumPy's product ufuncs, which no hook sees, are
-    wrapped in NumPy's namespaces (:meth:`wrap_ufuncs`), and the ``@`` operator, which makes no call at all,
-    is caught by tracing the student's own frames instruction by instruction. Not seen: a dunder reached by
-    a computed name (``getattr(a, "__mat" + "mul__")``: a method-wrapper call makes no profile event), and
-    code running in a thread the student started before the monitor was armed."""
-
-    def __init__(self):
-        self.calls: list[str] = []
-        self.armed = False
-        self.modules_before: set = set()
-        self.wrapped: set = set()
-        self.allow: set = set()
-        self._code_labels: dict = {}
-        self._file_kinds: dict = {}
-        self._c_ids: dict = {}
-        self._profile = None
-
-    # ---------------------------------------------------------------------------------- the monitor
-    def configure(self, allow=()) -> None:
-        global _NUMPY_DIR, _TRUSTED_ROOTS, _STDLIB_ROOTS
-        import operator
-        import sysconfig
-
-        import numpy as np
-
-        self.allow = set(allow)
-        _NUMPY_DIR = os.path.dirname(os.path.realpath(np.__file__)) + os.sep
-        std = {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")}
-        roots = set(std)
-        for k in ("purelib", "platlib"):
-            roots.add(os.path.realpath(sysconfig.get_paths()[k]) + os.sep)
-        import kernels_src
-
-        roots.add(os.path.dirname(os.path.realpath(kernels_src.__file__)) + os.sep)
-        for p in sys.path:
-            if p and ("site-packages" in p or "dist-packages" in p):
-                roots.add(os.path.realpath(p) + os.sep)
-        _STDLIB_ROOTS = tuple(std)
-        _TRUSTED_ROOTS = tuple(sorted(roots, key=len, reverse=True))
-        self._c_ids = {id(operator.matmul): ("matmul", "operator.matmul"),
-                       id(operator.imatmul): ("matmul", "operator.imatmul"),
-                       id(builtins.eval): ("eval", "eval() (code run from a string, which the grader cannot check)"),
-                       id(builtins.exec): ("eval", "exec() (code run from a string, which the grader cannot check)"),
-                       id(builtins.compile): ("eval", "compile() (code made from a string, which the grader cannot check)")}
-        prof = self._on_event
-
-        def profile(frame, event, arg):
-            if event == "call" or event == "c_call":
-                prof(frame, event, arg)
-
-        self._profile = profile
-
-    def _file_kind(self, filename: str) -> str:
-        kind = self._file_kinds.get(filename)
-        if kind is None:
-            kind = self._file_kinds[filename] = _classify_file(filename)
-        return kind
-
-    def _by_student(self, frame) -> bool:
-        while frame is not None:
-            kind = self._file_kind(frame.f_code.co_filename)
-            if kind == "student":
-                return True
-            if kind == "trusted":
-                return False
-            frame = frame.f_back
-        return False
-
-    def _code_label(self, code, frame):
-        """(canonical name, label) for a Python function of NumPy or a forbidden package, else None."""
-        try:
-            return self._code_labels[code]
-        except KeyError:
-            pass
-        label = None
-        mod = frame.f_globals.get("__name__", "") if isinstance(frame.f_globals, dict) else ""
-        name = code.co_name
-        root = mod.split(".")[0]
-        if root == "numpy":
-            if mod.startswith("numpy.linalg") and not name.startswith("_"):
-                label = ("linalg", f"np.linalg.{name}")
-            elif name in _NUMPY_FUNCS:
-                label = (_NUMPY_FUNCS[name], f"np.{name}")
-            elif name.startswith("_") and name.endswith("_dispatcher") and name[1:-11] in _NUMPY_FUNCS:
-                label = None  # the dispatcher of a function whose own frame is seen (or a C function: below)
-            if mod in ("numpy._core.multiarray",) and name in _NUMPY_FUNCS:
-                label = (_NUMPY_FUNCS[name], f"np.{name}")  # C functions: their Python dispatcher runs
-        elif root in FORBIDDEN_PACKAGES:
-            label = ("package", f"{root} ({mod}.{name})")
-        self._code_labels[code] = label
-        return label
-
-    def _c_label(self, fn):
-        hit = self._c_ids.get(id(fn))
-        if hit is not None:
-            return hit
-        self_ = getattr(fn, "__self__", None)
-        name = getattr(fn, "__name__", "")
-        if self_ is None:
-            return None
-        import numpy as np
-
-        if isinstance(self_, np.ndarray) and name in _ARRAY_METHODS:
-            return _ARRAY_METHODS[name], f"ndarray.{name}()"
-        if isinstance(self_, np.ufunc):
-            key = (self_.__name__, name)
-            if key in _UFUNC_METHODS:
-                return _UFUNC_METHODS[key], f"np.{key[0]}.{key[1]}"
-        return None
-
-    def _on_event(self, frame, event, arg):
-        if event == "call":
-            label = self._code_label(frame.f_code, frame)
-            start = frame.f_back
-        else:
-            label = self._c_label(arg)
-            start = frame
-        if label is None:
-            return
-        canonical, text = label
-        if canonical in self.allow or (canonical == "matmul" and "matmul" in self.allow):
-            return
-        if self._by_student(start):
-            self.calls.append(f"`{text}`")
-
-    # The `@` operator makes no call: the student's frames (and code they made with eval/exec) are traced
-    # instruction by instruction while armed, and a matrix-multiply BINARY_OP there is recorded.
-    _matmul_offsets: dict = {}
-
-    def _offsets(self, code) -> set:
-        got = self._matmul_offsets.get(code)
-        if got is None:
-            import dis
-
-            try:
-                got = {ins.offset for ins in dis.get_instructions(code)
-                       if ins.opname in ("BINARY_OP", "BINARY_MATRIX_MULTIPLY", "INPLACE_MATRIX_MULTIPLY")
-                       and (ins.arg in (4, 17) or ins.opname != "BINARY_OP")}
-            except Exception:  # noqa: BLE001
-                got = set()
-            self._matmul_offsets[code] = got
-        return got
-
-    def _trace_global(self, frame, event, arg):
-        filename = frame.f_code.co_filename
-        kind = self._file_kind(filename)
-        if kind == "student" or (filename.startswith("<") and self._by_student(frame.f_back)):
-            if self._offsets(frame.f_code):
-                frame.f_trace_lines = False
-                frame.f_trace_opcodes = True
-                return self._trace_local
-        return None
-
-    def _trace_local(self, frame, event, arg):
-        if event == "opcode" and frame.f_lasti in self._offsets(frame.f_code) and "matmul" not in self.allow:
-            self.calls.append("`@` (the matmul operator)")
-        return self._trace_local
-
-    def arm(self) -> None:
-        import threading
-
-        self.armed = True
-        if self._profile is not None:
-            threading.setprofile(self._profile)  # threads the student starts
-            sys.setprofile(self._profile)
-            sys.settrace(self._trace_global)
-
-    def disarm(self) -> None:
-        import threading
-
-        if self._profile is not None:
-            current, tracer = sys.getprofile(), sys.gettrace()
-            sys.setprofile(None)
-            sys.settrace(None)
-            threading.setprofile(None)
-            if self.armed and (current is not self._profile or tracer is None):
-                self.calls.append("something that switched off the grader's call monitor (sys.setprofile/settrace)")
-        self.armed = False
-
-    def compiled_calls(self, fn) -> list[str]:
-        """What a compiled @njit answer calls, from Numba's own typing of it (and of the @njit functions it
-        calls): NumPy's products and reductions, whatever name or closure they were reached through."""
-        import numpy as np
-        from numba.core import types
-
-        found, todo, seen = [], [fn], set()
-        while todo:
-            disp = todo.pop()
-            if id(disp) in seen or not hasattr(disp, "overloads"):
-                continue
-            seen.add(id(disp))
-            for cres in list(disp.overloads.values()):
-                typemap = getattr(getattr(cres, "type_annotation", None), "typemap", None) or {}
-                for t in typemap.values():
-                    if isinstance(t, types.Dispatcher):
-                        todo.append(t.dispatcher)
-                    elif isinstance(t, types.BoundFunction) and isinstance(t.typing_key, tuple) \
-                            and len(t.typing_key) == 2 and t.typing_key[1] in _ARRAY_METHODS:
-                        canonical = _ARRAY_METHODS[t.typing_key[1]]
-                        if canonical not in self.allow:
-                            found.append(f"`ndarray.{t.typing_key[1]}()` (in compiled code)")
-                    elif isinstance(t, types.Function):
-                        key = t.typing_key
-                        mod = getattr(key, "__module__", "") or ""
-                        name = getattr(key, "__name__", "")
-                        if (mod.startswith("numpy") or key is getattr(np, name, None)) and name in _NUMPY_FUNCS \
-                                and _NUMPY_FUNCS[name] not in self.allow:
-                            found.append(f"`np.{name}` (in compiled code)")
-                        elif mod.startswith("numpy.linalg") and "linalg" not in self.allow:
-                            found.append(f"`np.linalg.{name}` (in compiled code)")
-        return found
-
-    def wrap_ufuncs(self) -> None:
-        """NumPy's product ufuncs (``np.matmul``, ``np.vecdot``, ``np.matvec``, ``np.vecmat``) are C objects whose
-        calls no profile hook sees: before the student's code is loaded, NumPy's modules get a thin wrapper in
-        their place, which records a call made (directly or through ``getattr``, ``partial``, ``map``...) by
-        the student's code. Numba supports none of them, so compiled code loses nothing."""
-        import numpy as np
-
-        names = [n for n in ("matmul", "vecdot", "matvec", "vecmat")
-                 if isinstance(getattr(np, n, None), np.ufunc) and n not in self.allow]
-        modules = [sys.modules[m] for m in ("numpy", "numpy._core", "numpy._core.umath", "numpy._core.multiarray",
-                                            "numpy._core.numeric") if m in sys.modules]
-        for n in names:
-            wrapper = _WatchedUfunc(self, getattr(np, n), n)
-            for m in modules:
-                if getattr(m, n, None) is wrapper._ufunc:
-                    setattr(m, n, wrapper)
-
-    @staticmethod
-    def precompile(fn, args) -> None:
-        """Compile an @njit answer for these arguments before the monitor is armed (compiling runs a lot of
-        Python in Numba, which the monitor would only slow down). A failure is left to the real call."""
-        try:
-            from numba import typeof
-
-            fn.compile(tuple(typeof(a) for a in args))
-        except Exception:  # noqa: BLE001
-            pass
-
-    def install(self):
-        """Wrap the references and variants the student's code could reach: those of the exercise ops, and
-        of every course ops module already imported (importing one imports them all). Loading all of them
-        just in case would cost seconds per check; a module first imported *during* the run is caught by
-        :meth:`new_course_modules`, and wrapped from then on."""
-        from .. import registry
-        from . import exercise_ops
-
-        self.modules_before = {m for m in sys.modules if m.startswith("kernels_src.ops")}
-        for op in list(registry._OPS.values()) + list(exercise_ops.EXERCISE_OPS.values()):
-            targets = [(op, "reference", f"the reference of `{op.name}`")]
-            mod = sys.modules.get(getattr(op.reference, "__module__", ""), None)
-            if mod is not None and getattr(mod, "reference", None) is op.reference:
-                targets.append((mod, "reference", f"the reference of `{op.name}`"))
-            for v in op.variants:
-                m = sys.modules.get(getattr(v.fn, "__module__", ""), None)
-                name = getattr(v.fn, "__name__", "")
-                if m is not None and getattr(m, name, None) is v.fn:
-                    targets.append((m, name, f"the course's variant {v.key}"))
-            for owner, attr, label in targets:
-                if (id(owner), attr) in self.wrapped:
-                    continue
-                self.wrapped.add((id(owner), attr))
-                setattr(owner, attr, self._wrap(getattr(owner, attr), label))
-
-    def new_course_modules(self) -> list[str]:
-        new = sorted(m for m in sys.modules if m.startswith("kernels_src.ops") and m not in self.modules_before)
-        if new:
-            self.install()
-        return new
-
-    def _wrap(self, fn, label):
-        def tripwire(*a, **k):
-            if self.armed:
-                self.calls.append(label)
-            return fn(*a, **k)
-
-        tripwire.__wrapped__ = fn
-        tripwire.__name__ = getattr(fn, "__name__", "tripwire")
-        tripwire.__module__ = getattr(fn, "__module__", None)
-        return tripwire
-
-
-class _WatchedUfunc:
-    """Stands in for a NumPy ufunc in NumPy's namespaces (see :meth:`_Tripwire.wrap_ufuncs`)."""
-
-    def __init__(self, tripwire, ufunc, name):
-        self._tripwire, self._ufunc, self._name = tripwire, ufunc, name
-
-    def __call__(self, *args, **kwargs):
-        tw = self._tripwire
-        if tw.armed and tw._by_student(sys._getframe(1)):
-            tw.calls.append(f"`np.{self._name}`")
-        return self._ufunc(*args, **kwargs)
-
-    def __getattr__(self, attr):
-        return getattr(self._ufunc, attr)
-
-    def __repr__(self):
-        return repr(self._ufunc)
+        fn.compile(tuple(typeof(a) for a in args))
+    except Exception:  # noqa: BLE001
+        pass
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -904,11 +617,9 @@ def compiled_problems(fn, allow=()) -> list[str]:
     from numba.core import types
 
     found = []
-    tw = _Tripwire()
-    tw.allow = set(allow)
     try:
-        found += tw.compiled_calls(fn)
-    except Exception:  # noqa: BLE001
+        found += compiled_calls(fn, set(allow))
+    except Exception:  # noqa: BLE001  (Numba internals moved: the other checks below still hold)
         pass
     todo, seen = [fn], set()
     while todo:
@@ -1066,7 +777,7 @@ def exec_job(job, where, result) -> dict:
                 after = [np.array(d._ary, copy=True) if isinstance(a, np.ndarray) else None
                          for d, a in zip(d_in, inputs)]
             else:
-                _Tripwire.precompile(fn, outs + inputs)
+                precompile(fn, outs + inputs)
                 bad = compiled_problems(fn, job.get("allow", ()))
                 if bad:
                     rec["shortcut_calls"] = bad
@@ -1199,7 +910,6 @@ def load_error_lines(errors, names=None) -> list[str]:
     return out
 
 
-_TRIPWIRE = _Tripwire()
 
 
 def main(argv=None) -> None:

@@ -1,25 +1,57 @@
-"""Time per submission, the whole grade (checks + the otter notebook run), for a corpus case or the solution:
+"""Benchmark: time per submission, the whole grade (checks + the otter notebook run), for a corpus case or the solution:
 
     .venv/bin/python tests/corpus/time_per_submission.py solution 3
     .venv/bin/python tests/corpus/time_per_submission.py hang_everywhere 3
     .venv/bin/python tests/corpus/time_per_submission.py ch02_regression/numpy_shortcut 3
+    .venv/bin/python tests/corpus/time_per_submission.py ch09_attention/solution 3 --no-otter --json out.json
 
-prints each run and the median and worst seconds (jobs=2, default time limits). A bare name is a case (or
-the solution) of ch01_axpy, `slug/name` one of tests/corpus/<slug>/."""
-import sys, time, tempfile, statistics, json
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+prints each run (wall seconds, CPU seconds of the grading processes, the load average when it started) and the
+median and worst wall seconds (jobs=2, default time limits). A bare name is a case (or the solution) of
+ch01_axpy, `slug/name` one of tests/corpus/<slug>/ (or `slug/solution`). On a shared machine the wall time
+follows the load; the CPU seconds do not."""
+import json
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
 from pathlib import Path
-from _grading_support import corpus_submission, autograder
-from kernels_src.grading.submission import grade_submission
-name = sys.argv[1]; runs = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-slug, _, case = name.rpartition("/"); slug = slug or "ch01_axpy"
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _grading_support import autograder, corpus_submission  # noqa: E402
+from kernels_src.grading.submission import grade_submission  # noqa: E402
+
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+name = args[0]
+runs = int(args[1]) if len(args) > 1 else 1
+otter = "--no-otter" not in sys.argv
+out_json = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
+slug, _, case = name.rpartition("/")
+slug = slug or "ch01_axpy"
 ag = autograder(slug)
-ts = []
+rows = []
 for r in range(runs):
     d = Path(tempfile.mkdtemp())
     sub = corpus_submission(case, d, slug)
+    load = os.getloadavg()[0]
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    s0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    rec = grade_submission(sub, ag, jobs=2, run_otter=True)
-    ts.append(time.perf_counter() - t0)
-    print(name, r, f"{ts[-1]:.1f}s", rec.score, "/", rec.possible, rec.per_question, json.dumps(rec.results["extra_data"]["otter"]), flush=True)
-print(f"{name}: runs {runs} median {statistics.median(ts):.1f}s worst {max(ts):.1f}s")
+    rec = grade_submission(sub, ag, jobs=2, run_otter=otter)
+    wall = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    s1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime) + (s1.ru_utime + s1.ru_stime - s0.ru_utime - s0.ru_stime)
+    rows.append({"run": r, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load_1min": round(load, 2),
+                 "score": rec.score, "possible": rec.possible,
+                 "otter": rec.results["extra_data"].get("otter", {}).get("status")})
+    print(name, json.dumps(rows[-1]), flush=True)
+walls = [x["wall_s"] for x in rows]
+summary = {"name": name, "runs": runs, "otter": otter, "median_wall_s": statistics.median(walls),
+           "worst_wall_s": max(walls), "median_cpu_s": statistics.median(x["cpu_s"] for x in rows),
+           "cores": os.cpu_count(), "rows": rows}
+print(f"{name}: runs {runs} median {summary['median_wall_s']:.1f}s worst {summary['worst_wall_s']:.1f}s "
+      f"(CPU {summary['median_cpu_s']:.1f}s, {os.cpu_count()} cores, load {[x['load_1min'] for x in rows]})")
+if out_json:
+    Path(out_json).write_text(json.dumps(summary, indent=1))
