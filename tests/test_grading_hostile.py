@@ -325,3 +325,16 @@ def test_the_sandbox_cannot_read_the_course_or_write_outside(tmp_path):
         assert i in errors, f"{name} succeeded inside the sandbox ({res.payload.get('confined')})"
     assert not outside.exists()
     assert any("Landlock" in c for c in res.payload.get("confined", [])), res.payload.get("confined")
+
+
+def test_the_notebook_run_never_holds_the_hidden_checks(tmp_path):
+    """The otter run of a notebook gets test files that only display the grader's verdicts, by key."""
+    from kernels_src.grading.submission import _display_tests, load_autograder
+
+    ag = load_autograder(autograder(SLUG))
+    _display_tests(ag, tmp_path / "tests")
+    for f in sorted((tmp_path / "tests").glob("*.py")):
+        text = f.read_text()
+        assert "verdict_keys=" in text and "sizes=" not in text and "edge=True" not in text, text
+        original = (ag.source / "tests" / f.name).read_text()
+        assert text.count("@test_case(") == original.count("@test_case(")

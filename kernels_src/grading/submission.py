@@ -332,6 +332,28 @@ def grade_submission(submission, autograder, *, jobs: int = 1, run_otter: bool =
 
 
 # ------------------------------------------------------------------------------------- otter run
+def _display_tests(ag: Autograder, dest: Path) -> None:
+    """The autograder's test files for the otter run, each test's body replaced by a display of the grader's
+    verdicts for its checks (by key): the notebook run never holds the hidden checks' sizes or options."""
+    import ast
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, path in ag.test_paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        cases = ag.plan.get(name, [])
+        i = 0
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and any(
+                    isinstance(d, ast.Call) and getattr(d.func, "id", "") == "test_case" for d in node.decorator_list)):
+                continue
+            specs = cases[i] if i < len(cases) else []
+            i += 1
+            fn = "check_gpu" if any(sp.kind == "gpu" for sp in specs) else "check_cpu"
+            keys = [sp.key for sp in specs]
+            node.body = ast.parse(f"from kernels_src.grading import {fn}\n{fn}(verdict_keys={keys!r})").body
+        (dest / path.name).write_text(ast.unparse(tree) + "\n", encoding="utf-8")
+
+
 class _Pending:
     """Verdicts that the notebook run, started before them, waits for."""
 
@@ -355,7 +377,7 @@ def _run_otter(nb, ag: Autograder, verdicts: dict, pending: _Pending | None = No
         root = tmp / "autograder"
         for d in ("source", "submission", "results"):
             (root / d).mkdir(parents=True)
-        shutil.copytree(ag.source / "tests", root / "source" / "tests")
+        _display_tests(ag, root / "source" / "tests")
         cfg = dict(ag.config, logo=False, print_summary=False)
         cfg["assignment_name"] = ag.slug
         (root / "source" / "otter_config.json").write_text(json.dumps(cfg))
