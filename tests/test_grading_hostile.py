@@ -268,13 +268,18 @@ def test_class6_and_7_forged_files_and_killed_grader_lose_no_record(tmp_path):
     sentinel = tmp_path / "sentinel.txt"
     before = {p: p.read_bytes() for p in (bench, tests_q1)}
     code = _forge_and_kill([str(bench), str(tests_q1), str(sentinel)])
-    subs = tmp_path / "subs"
-    subs.mkdir()
+    subs = tmp_path / "subs"  # one folder per student, as a Gradescope export has them
+    for sid in ("hostile", "solution", "selfkill"):
+        (subs / sid).mkdir(parents=True)
     nb = corpus.build_submission(SLUG, {"top": code, "end": code})
-    corpus.write_ipynb(nb, subs / "hostile.ipynb")
-    corpus_submission("solution", subs)
+    corpus.write_ipynb(nb, subs / "hostile" / "hostile.ipynb")
+    corpus_submission("solution", subs / "solution")
+    kill = "import os, signal\n_k = os.kill(os.getpid(), signal.SIGKILL)  # an assignment: the grader runs it\n"
+    corpus.write_ipynb(corpus.build_submission(SLUG, {"top": kill}), subs / "selfkill" / "selfkill.ipynb")
     out = tmp_path / "gradebook.csv"
     grade_folder(subs, out, autograder=ag, jobs=2, run_otter=True, progress=False)
+    res = json.loads((tmp_path / "gradebook_results" / "selfkill" / "results.json").read_text())
+    assert res["score"] == 0 and res["tests"], res  # it ended its own process: its own record, scored 0
     # the grader (this process) is alive, no file it reads changed, and both records are complete
     assert {p: p.read_bytes() for p in before} == before
     assert not sentinel.exists()
