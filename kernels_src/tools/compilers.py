@@ -15,6 +15,11 @@
 
 Run both compilers in one session on the same GPU, then ``compare``: ratios of the successor's time to
 numba-cuda's are medians taken on the same machine.
+
+``ptxmix`` compiles a few best rungs to PTX under both compilers (no GPU) and counts their instruction mix. The
+GEMV rung's Nsight Compute counters (``book/data/bench/h100/compilers_gemv_ncu.json``) were taken with
+``ncu --csv --metrics ... -k regex:splitk_grid --launch-skip 3 --launch-count 1 --clock-control none python -m
+kernels_src.tools.compilers child rung '{"op": "gemv", "variant": "splitk_grid", "size": [16384, 16384]}'``.
 """
 from __future__ import annotations
 
