@@ -62,10 +62,10 @@ def rung_rows(d) -> str:
     for r in d["rungs"]:
         a, b = r["numba_cuda_s"], r["mlir_s"]
         ratio = r["ratio_mlir_over_numba_cuda"]
-        rows.append((r["chapter"], f"`{r['op']}/{r['variant']}`", "×".join(map(str, r["size"])),
+        rows.append((r["chapter"], f"`{r['op']}/{r['variant']}`",
                      f"{a * 1e6:,.0f} µs" if a else "–", f"{b * 1e6:,.0f} µs" if b else _error(r.get("mlir_error")),
                      f"{ratio:.2f}×" if ratio else "–"))
-    return _md(("ch", "best rung", "size", "numba-cuda", "numba-cuda-mlir", "mlir / numba-cuda"), rows)
+    return _md(("ch", "best rung (largest benchmarked size)", "numba-cuda", "numba-cuda-mlir", "ratio"), rows)
 
 
 def launch_rows(d) -> str:

@@ -100,6 +100,7 @@ def decode_rows(runs, cfg) -> list[str]:
     names = [k for k in s if not k.startswith("torch")] + [k for k in ("torch_eager", "torch_compile", "torch_graph")
                                                            if k in s]
     for k in names:
-        rows.append(f"| {k.replace('_', ' ')} | {med[k]:,.0f} | {100 * spread(s[k]):.0f} % | "
+        sp = f"{100 * spread(s[k]):.0f} %" if len(s[k]) > 1 else "one run"
+        rows.append(f"| {k.replace('_', ' ')} | {med[k]:,.0f} | {sp} | "
                     f"{med[k] / med['torch_eager']:.2f}x | {med[k] / med['torch_graph']:.2f}x |")
     return rows
