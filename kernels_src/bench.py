@@ -18,6 +18,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -245,8 +246,55 @@ def environment() -> dict:
             pass
     return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "cpu": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "device": device.describe(), "versions": versions,
+            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "cpu_threads": _cpu_threads(),
+            "simd": simd_flags(), "device": device.describe(), "versions": versions,
             "command": " ".join(sys.argv)}
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name ("AMD EPYC 7B13", "Intel(R) Xeon(R) Processor"), or the architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        import subprocess
+
+        try:
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                  text=True, timeout=5).stdout.strip() or platform.machine()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine()
+
+
+def simd_flags() -> list[str]:
+    """The vector instruction sets this CPU reports (Linux: /proc/cpuinfo), e.g. ["avx2", "avx512f", "fma"]."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return sorted(f for f in have if f in {"sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw",
+                                                        "avx512vl", "avx512_vnni", "avx_vnni", "neon", "asimd"})
+    except OSError:
+        pass
+    return ["neon"] if platform.machine() in ("arm64", "aarch64") else []
+
+
+def _cpu_threads() -> int:
+    from .compiler import get_num_threads
+
+    return int(get_num_threads())
+
+
+def cpu_slug(model: str | None = None, cores: int | None = None) -> str:
+    """A folder name for one machine's CPU results: its model and core count, e.g. "intel-xeon-processor-2c"."""
+    model = cpu_model() if model is None else model
+    cores = os.cpu_count() if cores is None else cores
+    words = re.sub(r"\((r|tm)\)|\bcpu\b|@.*$", " ", model.lower())
+    return "-".join(re.findall(r"[a-z0-9]+", words)) + f"-{cores}c"
 
 
 def default_bench_sizes(op, backend) -> list:

@@ -7,6 +7,8 @@
     kernels doctor                         what is installed, what works, and how to fix what doesn't
     kernels profile OP [--size S] [--set memory|stalls|shared|all] [--json FILE]
                                            Nsight Compute counters per variant (real GPU and ncu needed)
+    kernels asm OP [--variants a,b] [--json FILE]
+                                           SIMD instructions in each CPU rung's machine code (did it vectorize?)
 """
 from __future__ import annotations
 
@@ -166,9 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     launchcost.add_parser(sub)
     stepprofile.add_parser(sub)
-    from .tools import autotune
+    from .tools import asm, autotune
 
     autotune.add_parser(sub)
+    asm.add_parser(sub)
     for extra in EXTRA_COMMANDS:
         extra(sub)
     return p

@@ -8,3 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DATA = Path(os.environ.get("KERNELS_BENCH_DATA") or ROOT / "book" / "data" / "bench")
+
+# CPU results are kept per machine, in a folder named by the CPU's model and core count (``bench.cpu_slug()``):
+# book/data/bench/cpu/<machine>/<op>_cpu.json. The book's CPU tables and figures come from this machine's.
+CPU_MACHINE = os.environ.get("KERNELS_CPU_MACHINE") or "intel-xeon-processor-2c"
+CPU_BENCH_DATA = BENCH_DATA / "cpu" / CPU_MACHINE

@@ -15,11 +15,16 @@ from .bench import fmt_time, load_json
 
 ROOT = Path(__file__).resolve().parent.parent
 from .paths import BENCH_DATA as DATA  # noqa: E402
+from .paths import CPU_BENCH_DATA  # noqa: E402
 
 
 def load_bench(name: str) -> dict:
-    """``load_bench("axpy_gpu")`` reads book/data/bench/axpy_gpu.json."""
-    path = DATA / (name if name.endswith(".json") else name + ".json")
+    """``load_bench("axpy_gpu")`` reads book/data/bench/axpy_gpu.json; a CPU result (``"gemm_cpu"``) comes
+    from the book's CPU machine, book/data/bench/cpu/<machine>/gemm_cpu.json, when it has one."""
+    fname = name if name.endswith(".json") else name + ".json"
+    path = DATA / fname
+    if "/" not in name and fname.endswith("_cpu.json") and (CPU_BENCH_DATA / fname).exists():
+        path = CPU_BENCH_DATA / fname
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: measure it with `python -m kernels_src bench ... --json {path}`")
     res = load_json(path)

@@ -1,0 +1,69 @@
+"""CPU yardsticks: torch on the CPU, and the NumPy formula a student would write.
+
+Most students run the course on a CPU, so the Numba CPU rungs are measured against what such a student
+would otherwise reach for, in the same run:
+
+- **torch on the CPU**, where it is installed (an optional extra: ``pip install torch``; the CPU build is
+  enough). Without it the row is skipped with one line saying so. torch runs with as many threads as Numba
+  (``torch.set_num_threads(numba.get_num_threads())``), so neither side gets more cores.
+- **the NumPy formula**, registered in each op's module as its ``numpy`` baseline.
+
+A torch baseline writes into the course's output array without a copy: its NumPy output is wrapped with
+``torch.from_numpy`` (shared memory) and the ATen ``out=`` overload is called where torch has one
+(:func:`aten_out`). Where it has none, the result is copied into the output and the baseline's docstring
+says so (the copy is then part of what torch costs a user who needs the result in a given buffer).
+
+Op modules register torch rows as::
+
+    @register("softmax", "cpu", "torch", baseline=True, requires=torch_cpu)
+    def softmax_torch_cpu(out, x):
+        t = tviews(out, x)
+        aten_out("_softmax", t[1], 1, False, out=t[0])
+"""
+from __future__ import annotations
+
+_state: dict = {}
+
+
+def torch_cpu() -> tuple[bool, str]:
+    """``requires=`` for torch-on-the-CPU baselines: an importable torch (any build), with its thread count
+    set to Numba's so that both sides use the same cores."""
+    if "ok" not in _state:
+        try:
+            import torch
+        except ImportError:
+            _state["ok"] = (False, "torch is not installed (optional: pip install torch, the CPU build will do)")
+        else:
+            from ..compiler import get_num_threads
+
+            torch.set_num_threads(get_num_threads())
+            _state["ok"] = (True, "")
+    return _state["ok"]
+
+
+def tviews(*arrays):
+    """torch tensors sharing memory with NumPy arrays (no copy); scalars pass through."""
+    import numpy as np
+    import torch
+
+    return [torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in arrays]
+
+
+def aten_out(name: str, *args, out, **kwargs):
+    """Call ATen's ``out=`` overload of ``name`` (``torch.ops.aten.<name>.out``): the result goes straight
+    into ``out`` (a tensor, or a tuple of tensors for ops with several outputs)."""
+    import torch
+
+    fn = getattr(torch.ops.aten, name).out
+    if isinstance(out, (tuple, list)):
+        names = _OUT_NAMES.get(name)
+        if names is None:
+            raise KeyError(f"aten_out: say the output names of {name} in _OUT_NAMES")
+        return fn(*args, **kwargs, **dict(zip(names, out)))
+    return fn(*args, **kwargs, out=out)
+
+
+# ATen overloads with several outputs name them; add an entry when a baseline needs one.
+_OUT_NAMES = {
+    "native_layer_norm": ("out0", "out1", "out2"),
+}
