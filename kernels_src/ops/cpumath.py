@@ -1,0 +1,88 @@
+"""Vectorizable float32 math for the CPU rungs: ``exp`` and what is built on it (sigmoid, tanh).
+
+Why the course writes its own ``exp``: a Numba loop that calls ``math.exp`` compiles to one call of the C
+library's ``expf`` per element (``kernels asm`` shows ``llvm.exp.f32`` in the loop), because LLVM can only
+vectorize a call to ``exp`` when it has a vector math library to call instead. Numba uses Intel's SVML for that
+only when llvmlite's LLVM carries Intel's SVML patch; the llvmlite wheels on PyPI do not (``numba -s``: "llvmlite
+Using SVML Patched LLVM: False"), so on a student's machine every ``exp`` in a loop runs one element at a time,
+while the loads, adds and multiplies around it could run 8 (AVX2) or 16 (AVX-512) at a time.
+
+``exp_f32`` below is plain arithmetic that LLVM vectorizes: no calls, no branches, only selects.
+
+    e^x = 2^n * e^r,   n = round(x / ln 2),   r = x - n ln 2  in [-ln2/2, ln2/2]
+
+- ``r`` is computed with ln 2 split in two (Cody and Waite's trick): ``n * LN2_HI`` is exact in float32 because
+  LN2_HI has only 16 significant bits and |n| < 2^8, so the reduction loses nothing to rounding;
+- ``e^r`` by its Taylor polynomial to degree 7 in Horner form; the first term left out is r^8/8! <= 5.2e-9
+  relative at |r| = ln2/2, below float32's half ulp (6.0e-8), so the error is the float32 rounding of the
+  Horner steps;
+- ``2^n`` straight from its bit pattern, (n + 127) << 23 (:func:`float32_from_bits`), split as
+  2^(n - n//2) * 2^(n//2) so that both halves are normal floats for every n the clamp allows: results from
+  overflow (inf, for x > 88.72) through the subnormals to 0 (x < -103.9) come out of the same arithmetic.
+- NaN stays NaN (a select at the end; the fastmath flags used never include ``nnan``), +inf gives inf, -inf 0.
+
+**Error bound (tested in tests/test_cpumath.py against float64 over 2 million points on [-104, 89]):** at most
+:data:`EXP_MAX_REL_ERR` relative error where the result is a normal float (a few float32 ulps; ``expf`` of glibc
+is within 1 ulp), and an absolute error below the smallest normal float elsewhere.
+
+The functions are ``@njit(inline="always")`` so that they are inlined into the caller's loop before LLVM's
+vectorizer sees it: a call it cannot see through would keep the loop scalar.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..compiler import float32_from_bits, njit
+
+LOG2E = np.float32(1.0 / math.log(2.0))
+LN2_HI = np.float32(0.693145751953125)  # 16 significant bits: n * LN2_HI is exact for |n| < 2^8
+LN2_LO = np.float32(math.log(2.0) - 0.693145751953125)
+X_HI = np.float32(89.0)  # e^89 overflows float32: inf, as expf gives
+X_LO = np.float32(-104.0)  # e^-104 is below the smallest subnormal: 0
+C2, C3, C4 = np.float32(1 / 2), np.float32(1 / 6), np.float32(1 / 24)
+C5, C6, C7 = np.float32(1 / 120), np.float32(1 / 720), np.float32(1 / 5040)
+F0, F1, F2 = np.float32(0.0), np.float32(1.0), np.float32(2.0)
+HALF = np.float32(0.5)
+BIAS = np.int32(127)
+EXP_MAX_REL_ERR = 4e-7  # what tests/test_cpumath.py measures, with a margin: ~3.4 float32 ulps
+
+
+@njit(inline="always", error_model="numpy")
+def pow2i(n):
+    """2.0**n for an int32 n in [-126, 127], built from its exponent bits."""
+    return float32_from_bits((n + BIAS) << np.int32(23))
+
+
+@njit(inline="always", error_model="numpy")
+def exp_f32(x):
+    """e**x in float32 with arithmetic LLVM can vectorize (no libm call); NaN in, NaN out."""
+    xc = X_HI if x > X_HI else (X_LO if x < X_LO else x)  # a NaN x fails both tests and stays NaN here ...
+    nf = np.floor(xc * LOG2E + HALF)
+    r = (xc - nf * LN2_HI) - nf * LN2_LO
+    p = F1 + r * (F1 + r * (C2 + r * (C3 + r * (C4 + r * (C5 + r * (C6 + r * C7))))))
+    n = np.int32(nf) if nf == nf else np.int32(0)  # ... but a NaN must not reach the integer conversion
+    n1 = n >> np.int32(1)
+    y = p * pow2i(n - n1) * pow2i(n1)
+    return y if x == x else x
+
+
+@njit(inline="always", error_model="numpy")
+def sigmoid_f32(x):
+    """1 / (1 + e**-x): 0 for x -> -inf (e**-x = inf), 1 for x -> +inf, no cancellation anywhere."""
+    return F1 / (F1 + exp_f32(-x))
+
+
+@njit(inline="always", error_model="numpy")
+def tanh_f32(x):
+    """tanh x = 2 sigmoid(2x) - 1. Near 0 this loses relative accuracy (absolute error ~1e-7), which is why
+    ``gelu_tanh`` uses the sigmoid form directly: x/2 (1 + tanh u) = x sigmoid(2u)."""
+    return F2 * sigmoid_f32(F2 * x) - F1
+
+
+@njit(cache=True, error_model="numpy")
+def exp_array(out, x):
+    """out = exp(x) over a 1-D float32 array with the vectorizable exp (used by the tests and ``kernels asm``)."""
+    for i in range(x.size):
+        out[i] = exp_f32(x[i])

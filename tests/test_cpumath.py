@@ -1,0 +1,86 @@
+"""The course's vectorizable float32 exp (kernels_src/ops/cpumath.py): its stated error bound, its special
+values, and that a loop over it really compiles to SIMD instructions with no libm call."""
+import platform
+
+import numpy as np
+import pytest
+
+from kernels_src.ops import cpumath
+
+TINY = np.finfo(np.float32).tiny
+BIG = np.finfo(np.float32).max
+
+
+def _exp(x):
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.full_like(x, np.nan)  # poisoned: an element the loop skipped cannot pass
+    cpumath.exp_array(out, x)
+    return out
+
+
+def test_error_bound_over_the_whole_range():
+    x = np.linspace(-104, 89, 2_000_003, dtype=np.float32)
+    got = _exp(x).astype(np.float64)
+    ref = np.exp(x.astype(np.float64))
+    normal = (ref >= TINY) & (ref <= BIG)
+    rel = np.abs(got[normal] - ref[normal]) / ref[normal]
+    assert rel.max() <= cpumath.EXP_MAX_REL_ERR, f"max relative error {rel.max():.3g} at x={x[normal][rel.argmax()]}"
+    # subnormal results and underflow to 0: absolute error below the smallest normal float
+    assert np.all(np.abs(got[ref < TINY] - ref[ref < TINY]) < TINY)
+    assert np.all(np.isinf(got[ref > BIG]))
+
+
+def test_random_points_and_a_mutant_fails():
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-80, 80, 100_000).astype(np.float32)
+    ref = np.exp(x.astype(np.float64))
+    rel = np.abs(_exp(x) - ref) / ref
+    assert rel.max() <= cpumath.EXP_MAX_REL_ERR
+    # the same check rejects a plausible mistake: a polynomial one term short (degree 5)
+    r = x - np.round(x / np.log(2)) * np.log(2)
+    short = np.exp(x - r) * (1 + r + r**2 / 2 + r**3 / 6 + r**4 / 24 + r**5 / 120)
+    assert (np.abs(short - ref) / ref).max() > cpumath.EXP_MAX_REL_ERR
+
+
+def test_special_values():
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 200.0, -200.0, 88.72, 88.73], np.float32)
+    got = _exp(x)
+    assert np.isnan(got[0])
+    assert got[1] == np.inf and got[2] == 0.0
+    assert got[3] == 1.0 and got[4] == 1.0
+    assert got[5] == np.inf and got[6] == 0.0
+    assert np.isfinite(got[7]) and got[8] == np.inf
+
+
+def test_sigmoid_and_tanh_limits():
+    from kernels_src.compiler import njit
+
+    @njit
+    def both(s, t, x):
+        for i in range(x.size):
+            s[i] = cpumath.sigmoid_f32(x[i])
+            t[i] = cpumath.tanh_f32(x[i])
+
+    x = np.array([-np.inf, -100, -3, 0, 0.5, 3, 100, np.inf, np.nan], np.float32)
+    s, t = np.full_like(x, -7), np.full_like(x, -7)
+    both(s, t, x)
+    x64 = x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(s[:-1], 1 / (1 + np.exp(-x64[:-1])), rtol=1e-6, atol=TINY)  # sigmoid(-100) underflows
+    np.testing.assert_allclose(t[:-1], np.tanh(x64[:-1]), rtol=0, atol=3e-7)
+    assert np.isnan(s[-1]) and np.isnan(t[-1])
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="counts x86-64 SIMD instructions")
+def test_the_loop_vectorizes_without_libm_calls():
+    from kernels_src.tools.asm import classify
+
+    # a twin compiled here: code loaded from Numba's on-disk cache cannot be inspected
+    fn = cpumath.njit(error_model="numpy")(cpumath.exp_array.py_func)
+    fn(np.empty(8, np.float32), np.ones(8, np.float32))
+    sig = fn.signatures[0]
+    asm, ir = fn.inspect_asm(sig), fn.inspect_llvm(sig)
+    counts = classify(asm, ir)
+    assert counts["widest_fp_bits"] >= 256, counts  # AVX2 or wider (CI's x86-64 machines have AVX2)
+    assert counts["packed_fp_total"] >= 10, counts
+    assert not any("exp" in c for c in counts["calls"]), counts["calls"]
