@@ -17,6 +17,8 @@ Ladder
   gemv_wx  cpu/numpy          baseline  W @ x: BLAS sgemv
   gemv_wx  cpu/rowdot         rung 1    one contiguous dot product per row of W
   gemv_wx  cpu/prange         rung 2    rows split over cores
+  gemv_wx  cpu/torch          baseline  torch.mv(W, x, out=y) on the CPU (MKL/oneDNN sgemv), where torch is installed
+  gemv_wx  cpu/rows4_prange   rung 3    4 rows per step share each x load; one contiguous half of W per core
   gemv_wx  gpu/torch          baseline  torch.mv(W, x): cuBLAS's GEMV
   gemv_wx  gpu/thread_per_row rung 1    one thread per output: lanes of a warp read addresses K*4 bytes apart
   gemv_wx  gpu/warp_per_row   rung 2    one warp per output, 8 rows per block: lanes read adjacent k, warp
@@ -40,6 +42,7 @@ from ..compiler import cuda, float32, get_num_threads, load4, njit, prange
 
 from ..device import ceil_div, needs_real_gpu
 from ..registry import define_op, register
+from .cpu_baselines import torch_cpu, tviews
 from .reductions import torch_gpu, torch_view
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -212,6 +215,59 @@ def gemv_wx_prange(y, W, x):
     Rows in blocks of 64 spread over cores. Predicted: up to 2x on 2 cores."""
     _rowdot_par(y, W, x)
 
+
+
+@register("gemv_wx", "cpu", "torch", baseline=True, requires=torch_cpu)
+def gemv_wx_torch_cpu(y, W, x):
+    """torch.mv(W, x, out=y) on the CPU, writing into y without a copy, with Numba's thread count."""
+    import torch
+
+    ty, tW, tx = tviews(y, W, x)
+    torch.mv(tW, tx, out=ty)
+
+
+@njit(fastmath=True, cache=True)
+def _rows4(y, W, x, n0, n1):
+    # rows n0..n1-1 of W (N,K), four at a time: each x[k] loaded once for 4 FMAs, 4 streams of W in flight
+    K = W.shape[1]
+    n = n0
+    while n + 4 <= n1:
+        a0 = np.float32(0.0)
+        a1 = np.float32(0.0)
+        a2 = np.float32(0.0)
+        a3 = np.float32(0.0)
+        for k in range(K):
+            xv = x[k]
+            a0 += W[n, k] * xv
+            a1 += W[n + 1, k] * xv
+            a2 += W[n + 2, k] * xv
+            a3 += W[n + 3, k] * xv
+        y[n] = a0
+        y[n + 1] = a1
+        y[n + 2] = a2
+        y[n + 3] = a3
+        n += 4
+    _rowdot(y, W, x, n, n1)
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def _rows4_par(y, W, x, threads):
+    N = W.shape[0]
+    step = (N + threads - 1) // threads
+    for t in prange(threads):
+        _rows4(y, W, x, min(N, t * step), min(N, (t + 1) * step))
+
+
+@register("gemv_wx", "cpu", "rows4_prange", rung=3)
+def gemv_wx_rows4_prange(y, W, x):
+    """Four rows per step, and one contiguous slice of rows per core.
+
+    Rung 2 loads x[k] once per weight: 2 loads per FMA, and one stream of W per core. Here each x[k]
+    serves 4 rows (1.25 loads per FMA) and each core walks 4 rows at once (4 streams for the hardware
+    prefetcher), over one contiguous slice of W instead of interleaved blocks of 64 rows. The work per byte
+    is unchanged, so the gain is in how close the loads come to DRAM's rate. Predicted: ~75 % of the copy
+    bandwidth (a GEMV only reads; the copy also writes), 1.0-1.1x BLAS."""
+    _rows4_par(y, W, x, get_num_threads())
 
 # ============================================================================= GPU
 SIG_WX = "void(float32[::1], float32[:, ::1], float32[::1])"
