@@ -612,27 +612,19 @@ def repack_cpu(Wq, fmt):
     return qs, d
 
 
-@njit(fastmath=True, cache=True)
-def _row_q8_packed(x, qs, d, n):
-    # one output, for the rows left over after the groups of 4
-    acc = np.float32(0.0)
-    for b in range(x.size // QK):
-        s = np.float32(0.0)
-        for j in range(QK):
-            s += np.float32(qs[n, b * QK + j]) * x[b * QK + j]
-        acc += d[n, b] * s
-    return acc
-
-
 @njit(fastmath=True, cache=True, parallel=True)
 def _rows4_q8_0(y, x, qs, d):
     # y (N,), x (K,), qs (N, K) int8, d (N, K/32) f32. Four rows per step: each x[k] is loaded once for 4
     # weights, and the 32-term block loop is 4 independent sums, which LLVM vectorizes along j
-    # (vpmovsxbd: 8 int8 -> 8 int32, vcvtdq2ps: -> 8 floats, vfmadd231ps) instead of unrolling it.
+    # (vpmovsxbd: 8 int8 -> 8 int32, vcvtdq2ps: -> 8 floats, vfmadd231ps). With one row the same loop is
+    # small enough to be unrolled whole, and LLVM then vectorizes the block loop with stride-32 gathers.
     N = y.size
     nb = x.size // QK
-    for t in prange(N // 4):
-        n0 = 4 * t
+    for t in prange((N + 3) // 4):
+        n0 = 4 * t  # the last group of an N that is not a multiple of 4 reads row N-1 again (clamped)
+        n1 = min(n0 + 1, N - 1)
+        n2 = min(n0 + 2, N - 1)
+        n3 = min(n0 + 3, N - 1)
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
         a2 = np.float32(0.0)
@@ -645,31 +637,20 @@ def _rows4_q8_0(y, x, qs, d):
             for j in range(QK):
                 xv = x[b * QK + j]
                 s0 += np.float32(qs[n0, b * QK + j]) * xv
-                s1 += np.float32(qs[n0 + 1, b * QK + j]) * xv
-                s2 += np.float32(qs[n0 + 2, b * QK + j]) * xv
-                s3 += np.float32(qs[n0 + 3, b * QK + j]) * xv
+                s1 += np.float32(qs[n1, b * QK + j]) * xv
+                s2 += np.float32(qs[n2, b * QK + j]) * xv
+                s3 += np.float32(qs[n3, b * QK + j]) * xv
             a0 += d[n0, b] * s0
-            a1 += d[n0 + 1, b] * s1
-            a2 += d[n0 + 2, b] * s2
-            a3 += d[n0 + 3, b] * s3
+            a1 += d[n1, b] * s1
+            a2 += d[n2, b] * s2
+            a3 += d[n3, b] * s3
         y[n0] = a0
-        y[n0 + 1] = a1
-        y[n0 + 2] = a2
-        y[n0 + 3] = a3
-    for n in range(N - N % 4, N):
-        y[n] = _row_q8_packed(x, qs, d, n)
-
-
-@njit(fastmath=True, cache=True)
-def _q4_block_sum(x, xs, qv, b, o):
-    # sum_j (q_j - 8) x_j over block b, with the bytes of one row starting at qv[o]: nibbles split in
-    # float32 (h = floor(q/16) and q - 16h are exact for 0..255), the -8 taken out as -8 * sum(x of block)
-    s = np.float32(0.0)
-    for j in range(16):
-        q = np.float32(qv[o + j])
-        h = np.floor(q * np.float32(0.0625))
-        s += (q - np.float32(16.0) * h) * x[b * QK + j] + h * x[b * QK + 16 + j]
-    return s - np.float32(8.0) * xs[b]
+        if n0 + 1 < N:
+            y[n0 + 1] = a1
+        if n0 + 2 < N:
+            y[n0 + 2] = a2
+        if n0 + 3 < N:
+            y[n0 + 3] = a3
 
 
 @njit(fastmath=True, cache=True, parallel=True)
@@ -685,8 +666,11 @@ def _rows4_q4_0(y, x, qs, d):
         for j in range(QK):
             t += x[b * QK + j]
         xs[b] = t
-    for t in prange(N // 4):
-        n0 = 4 * t
+    for t in prange((N + 3) // 4):
+        n0 = 4 * t  # the last group of an N that is not a multiple of 4 reads row N-1 again (clamped)
+        n1 = min(n0 + 1, N - 1)
+        n2 = min(n0 + 2, N - 1)
+        n3 = min(n0 + 3, N - 1)
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
         a2 = np.float32(0.0)
@@ -702,29 +686,27 @@ def _rows4_q4_0(y, x, qs, d):
                 q = np.float32(qs[n0, b * 16 + j])
                 h = np.floor(q * np.float32(0.0625))
                 s0 += (q - np.float32(16.0) * h) * xl + h * xh
-                q = np.float32(qs[n0 + 1, b * 16 + j])
+                q = np.float32(qs[n1, b * 16 + j])
                 h = np.floor(q * np.float32(0.0625))
                 s1 += (q - np.float32(16.0) * h) * xl + h * xh
-                q = np.float32(qs[n0 + 2, b * 16 + j])
+                q = np.float32(qs[n2, b * 16 + j])
                 h = np.floor(q * np.float32(0.0625))
                 s2 += (q - np.float32(16.0) * h) * xl + h * xh
-                q = np.float32(qs[n0 + 3, b * 16 + j])
+                q = np.float32(qs[n3, b * 16 + j])
                 h = np.floor(q * np.float32(0.0625))
                 s3 += (q - np.float32(16.0) * h) * xl + h * xh
             x8 = np.float32(8.0) * xs[b]
             a0 += d[n0, b] * (s0 - x8)
-            a1 += d[n0 + 1, b] * (s1 - x8)
-            a2 += d[n0 + 2, b] * (s2 - x8)
-            a3 += d[n0 + 3, b] * (s3 - x8)
+            a1 += d[n1, b] * (s1 - x8)
+            a2 += d[n2, b] * (s2 - x8)
+            a3 += d[n3, b] * (s3 - x8)
         y[n0] = a0
-        y[n0 + 1] = a1
-        y[n0 + 2] = a2
-        y[n0 + 3] = a3
-    for n in range(N - N % 4, N):
-        acc = np.float32(0.0)
-        for b in range(nb):
-            acc += d[n, b] * _q4_block_sum(x, xs, qs[n], b, b * 16)
-        y[n] = acc
+        if n0 + 1 < N:
+            y[n0 + 1] = a1
+        if n0 + 2 < N:
+            y[n0 + 2] = a2
+        if n0 + 3 < N:
+            y[n0 + 3] = a3
 
 
 def repacked_bytes(fmt):
