@@ -16,6 +16,10 @@ Ladder (forward)
   cpu/safe         rung 2   subtract the row max first: three passes (max, sum, write), never overflows
   cpu/online       rung 3   one pass keeps a running max and a rescaled running sum, one pass writes
   cpu/online_prange rung 4  rung 3 with rows split over cores
+  cpu/simd_prange  rung 5   rung 4 in SIMD: exp from kernels_src/ops/cpumath.py (no libm call), the max as an
+                            integer max of the float bits, the sum reassociated into vector lanes
+  cpu/numpy        baseline the NumPy formula (max, exp, sum, divide), float32
+  cpu/torch        baseline torch's CPU softmax (aten._softmax with out=), torch's thread count = Numba's
   gpu/naive        rung 1   one block per row, shared-memory tree reductions; reads the row twice
   gpu/safe         rung 2   max, sum, write: reads the row three times (stable, slower)
   gpu/online       rung 3   (max, sum) in one pass and one combined reduction: reads the row twice
@@ -26,6 +30,9 @@ Ladder (forward)
   gpu/torch        baseline torch's softmax kernel, writing into our output buffer
 Ladder (backward)
   cpu/loop         rung 1   the dot <dy, y>, then the write
+  cpu/simd_prange  rung 2   rows over cores, the dot reassociated into SIMD lanes
+  cpu/numpy        baseline y * (dy - sum(dy * y)), float32
+  cpu/torch        baseline aten._softmax_backward_data with out=
   gpu/row          rung 1   one block per row, two walks over dy and y, a shared-memory tree
   gpu/regs         rung 2   dy and y held in registers: one read of each, one write
   gpu/vec4         rung 3   rung 2 with 16-byte loads/stores and a warp-shuffle sum
@@ -39,7 +46,7 @@ chapter 8 and by tests/test_ch08_softmax.py.
 import math
 
 import numpy as np
-from ..compiler import cuda, float32, load4, njit, prange, store4
+from ..compiler import cuda, float32, float32_from_bits, load4, njit, prange, store4
 
 from ..device import needs_real_gpu
 from ..registry import EDGE_INPUTS
@@ -48,6 +55,8 @@ from .reductions import (FAST_MATH, row_jit, NEG_INF, ONE, ZERO, torch_view, blo
                          row_threads_streaming, torch_gpu, block_sum_shfl, next_pow2, ROW_MAX_ITEMS)
 from ..device import ceil_div
 from .. import device
+from .cpu_baselines import aten_out, torch_cpu, tviews
+from .cpumath import exp_f32
 
 THREADS = None  # block size of the register rungs (None: from the row length and PER_THREAD)
 PER_THREAD = 16  # target values per thread in the register rungs (N = 4096 -> 256 threads of 16)
@@ -217,6 +226,102 @@ def softmax_online_prange(y, x):
     softmax_online_prange_rows(y, x)
 
 
+# CPU SIMD rung. LLVM turns a loop into SIMD code only when (1) nothing in it is a call it cannot see through
+# (libm's expf is one: exp_f32 is inlined arithmetic instead), and (2) reordering its reduction is allowed:
+# a float sum split over 8 lanes adds in another order, so it needs "reassoc". The flags below allow that and
+# nothing about NaN or inf ("nnan"/"ninf" would let LLVM assume -inf never occurs, and masked logits are -inf).
+CPU_FAST = {"reassoc", "nsz", "contract", "arcp"}
+_LOW31 = np.int32(0x7FFFFFFF)
+_KEY_MIN = np.int32(-2147483648)
+
+
+@njit(inline="always", error_model="numpy")
+def float_key(b):
+    """The int32 bits b of a float32 mapped to an int32 that orders like the floats: non-negative floats keep
+    their bits, negative ones (sign bit set) get their 31 magnitude bits flipped. -inf maps below every
+    number, NaN (positive) above +inf. The map is its own inverse."""
+    return np.int32(b ^ ((b >> np.int32(31)) & _LOW31))
+
+
+@njit(inline="always", error_model="numpy")
+def row_max_simd(r):
+    """max of a contiguous float32 vector, as an integer max of float_key over its bits. LLVM vectorizes an
+    integer max reduction with no flag at all (vpmaxsd, 8 lanes); a float max (maxss) it will not vectorize
+    unless told NaN cannot occur. A NaN in r (key above +inf) makes the result NaN, like np.max."""
+    ri = r.view(np.int32)
+    mk = _KEY_MIN
+    for j in range(ri.size):
+        mk = max(mk, float_key(ri[j]))
+    return float32_from_bits(float_key(mk))
+
+
+EXP_FLOOR = np.float32(-80.0)  # e^-80 = 1.8e-35: far below any tolerance, far above the subnormals (< 1.2e-38)
+
+
+@njit(inline="always", error_model="numpy")
+def exp_nonpos(d):
+    """exp(d) for d = x - max <= 0 (or NaN) that never computes a subnormal: 0 for d < -80 (-inf included).
+    Why: exp_f32(-inf) builds e^-104 ~ 2^-150 through a multiply whose result is subnormal, and an Intel core
+    finishes such a multiply in a microcode assist of ~100 cycles, for the whole vector. One masked logit in
+    every 8 made rung 5 three times slower; clamping first keeps every lane on the fast path. A NaN d
+    fails both comparisons and stays NaN."""
+    e = exp_f32(EXP_FLOOR if d < EXP_FLOOR else d)
+    return np.float32(0.0) if d < EXP_FLOOR else e
+
+
+@njit(inline="always", error_model="numpy", fastmath=CPU_FAST)
+def softmax_row_simd(yr, xr):
+    """y = softmax(x) for one contiguous row: max, then e = exp(x - max) written to y while summed, then
+    y *= 1/sum. Three walks over the row, all in L1/L2 (a row of 4096 is 16 KiB): x is read from DRAM once,
+    y written once, and exp is computed once per element."""
+    n = xr.size
+    mx = row_max_simd(xr)
+    if mx == -np.inf:  # fully masked row: the reference's zeros
+        for j in range(n):
+            yr[j] = 0.0
+        return
+    s = np.float32(0.0)
+    for j in range(n):
+        e = exp_nonpos(xr[j] - mx)
+        yr[j] = e
+        s += e
+    inv = np.float32(1.0) / s
+    for j in range(n):
+        yr[j] *= inv
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=CPU_FAST)
+def softmax_simd_prange_rows(y, x):
+    for i in prange(x.shape[0]):
+        softmax_row_simd(y[i], x[i])
+
+
+@register("softmax", "cpu", "simd_prange", rung=5)
+def softmax_simd_prange(y, x):
+    """Rung 4 in SIMD: the exp is exp_f32 (kernels_src/ops/cpumath.py), plain arithmetic inlined into the loop,
+    so the loop is vectorized 8 floats per instruction (AVX2) instead of one libm call per element; the max is
+    an integer max of the float bits (vectorizes without assuming "no NaN"), the sum reassociated into vector
+    lanes. Rung 4 spends ~10 ns per element in expf per core; predicted: the arithmetic drops ~8x, so the
+    row loop becomes memory-bound: >= 70 % of copy bandwidth at 4096 x 4096, ~1.5x torch's CPU softmax."""
+    softmax_simd_prange_rows(y, x)
+
+
+@register("softmax", "cpu", "numpy", baseline=True,
+          edge_exempt="the formula a student writes gives 0/0 = NaN on a fully masked row")
+def softmax_numpy(y, x):
+    """The NumPy formula in float32: e = exp(x - max), y = e / sum(e). Four temporaries of M x N floats."""
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.divide(e, e.sum(axis=1, keepdims=True), out=y)
+
+
+@register("softmax", "cpu", "torch", baseline=True, requires=torch_cpu,
+          edge_exempt="torch's softmax gives NaN on a fully masked row (the reference defines zeros)")
+def softmax_torch_cpu(y, x):
+    """torch's CPU softmax kernel (aten._softmax.out), writing straight into y: no copy."""
+    t = tviews(y, x)
+    aten_out("_softmax", t[1], 1, False, out=t[0])
+
+
 @njit(cache=True, error_model="numpy")
 def softmax_bwd_rows(dx, dy, y):
     m, n = y.shape
@@ -233,6 +338,41 @@ def softmax_bwd_cpu(dx, dy, y):
     """Two passes per row: the dot <dy, y>, then dx = y * (dy - dot). The M x N x N Jacobian is never
     formed: its product with dy collapses to one dot product per row."""
     softmax_bwd_rows(dx, dy, y)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=CPU_FAST)
+def softmax_bwd_simd_rows(dx, dy, y):
+    m, n = y.shape
+    for i in prange(m):
+        dot = np.float32(0.0)
+        for j in range(n):  # reassociated: 8 partial dots in one vector register, summed at the end
+            dot += dy[i, j] * y[i, j]
+        for j in range(n):
+            dx[i, j] = y[i, j] * (dy[i, j] - dot)
+
+
+@register("softmax_bwd", "cpu", "simd_prange", rung=2)
+def softmax_bwd_simd_prange(dx, dy, y):
+    """Rung 1 with rows over the cores and the dot reassociated ("reassoc"), so that both loops run 8 floats
+    per instruction (rung 1's dot is a chain of dependent scalar adds: 4 cycles each). The second walk of a
+    row (16 KiB for dy and y at N = 4096) hits L1/L2. Predicted: memory-bound, >= 70 % of copy bandwidth,
+    ~2x rung 1 on 2 cores."""
+    softmax_bwd_simd_rows(dx, dy, y)
+
+
+@register("softmax_bwd", "cpu", "numpy", baseline=True)
+def softmax_bwd_numpy(dx, dy, y):
+    """The NumPy formula in float32: dx = y * (dy - sum(dy * y)). Two temporaries of M x N floats."""
+    np.multiply(y, dy - (dy * y).sum(axis=1, keepdims=True), out=dx)
+
+
+@register("softmax_bwd", "cpu", "torch", baseline=True, requires=torch_cpu)
+def softmax_bwd_torch_cpu(dx, dy, y):
+    """torch's CPU softmax backward (aten._softmax_backward_data.out, what autograd calls), into dx: no copy."""
+    import torch
+
+    t = tviews(dx, dy, y)  # its out overload names the output grad_input, not out
+    torch.ops.aten._softmax_backward_data.out(t[1], t[2], 1, torch.float32, grad_input=t[0])
 
 
 # ---------------------------------------------------------------- GPU: block-level online combination
