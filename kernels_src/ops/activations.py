@@ -18,7 +18,12 @@ each element crosses the memory bus. That is the fusion lesson: bias-add then GE
 moves 4MN elements (x in, t out, t in, y out); one fused kernel moves 2MN.
 
 Ladder (every op)
-  cpu/loop      rung 1   @njit loop calling the scalar function
+  cpu/numpy     base     the NumPy formula a student would write, in float32 (the exact GELU needs SciPy's erf)
+  cpu/torch     base     torch on the CPU (ATen's vectorized kernels, same thread count), writing into our output
+  cpu/loop      rung 1   @njit loop calling the scalar function: one libm call (expf, erfcf) per element
+  cpu/prange    rung 2   the same loop split over the cores with prange, still libm
+  cpu/simd      rung 3   prange + the same scalar function with math.exp/erfc swapped for cpumath's
+                         vectorizable exp_f32/erfc_f32: LLVM emits packed AVX instructions, no call
   gpu/thread    rung 1   one thread per element calling the same scalar function
   gpu/ilp4      rung 2   four elements per thread, all loads issued first: 4x the bytes in flight
   gpu/vec4      rung 3   VEC4 float4 groups per thread, each read with ONE 16-byte load (kernels_src/vec.py):
@@ -27,6 +32,7 @@ Ladder (every op)
 bias_gelu
   cpu/unfused   rung 1   y = x + b (one pass), then y = gelu(y) in place (a second pass)
   cpu/fused     rung 2   y = gelu(x + b) in one pass
+  cpu/simd      rung 3   the fused pass with rows over the cores (prange) and the vectorizable exp
   gpu/unfused   rung 1   two kernels, bias-add then GELU in place: 4MN elements move (bytes= counts both)
   gpu/fused     rung 2   one kernel: 2MN elements move; predicted 2x faster
   gpu/fused_v4  rung 3   the fused kernel with 16-byte loads of x and b and 16-byte stores of y
@@ -37,15 +43,18 @@ compiled twice: with ``njit`` for the CPU loops and with ``cuda.jit(device=True)
 and one template kernel per arity turns a scalar function into an elementwise kernel.
 """
 import math
+import types
 
 import numpy as np
-from ..compiler import cuda, float32, load4, njit, store4, vectorize
+from ..compiler import cuda, float32, load4, njit, prange, store4, vectorize
 
 from .. import device
 from ..device import ceil_div
 from ..registry import EDGE_INPUTS
 from ..registry import sprinkle as _sprinkle
 from ..registry import define_op, register
+from .cpu_baselines import aten_out, torch_cpu, tviews
+from .cpumath import erfc_f32, exp_f32
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
@@ -224,6 +233,79 @@ def cpu_map3_2(f, h):
             out2[i] = hc(a[i], b[i], c[i])
 
     return loop3
+
+
+# ------------------------------------------------------- CPU rungs 2 and 3: prange, then vectorizable math
+# The scalar functions call math.exp and math.erfc. Compiled as they are, every call is one call of the C
+# library (expf, erfcf) per element, and a call LLVM cannot see into keeps the loop scalar. VMATH stands in
+# for the math module with cpumath's exp_f32 and erfc_f32, which are plain arithmetic, inlined and vectorized.
+VMATH = types.ModuleType("vmath", "math.exp and math.erfc as vectorizable float32 arithmetic (ops/cpumath.py)")
+VMATH.exp, VMATH.erfc = exp_f32, erfc_f32
+
+
+def with_vector_math(f):
+    """The same scalar function (same code, same constants) with ``math`` bound to :data:`VMATH`: the CPU
+    rung 3 compiles this copy; the GPU kernels and CPU rungs 1-2 compile ``f`` itself, unchanged."""
+    g = dict(f.__globals__, math=VMATH)
+    return types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
+
+
+# No nnan/ninf: NaN and infinities must come out right. "contract" lets LLVM fuse a*b + c into one FMA (the
+# polynomials of exp and erfc are Horner chains of them). error_model="numpy" drops the ZeroDivisionError
+# test Numba puts before every division by default: a branch in the loop, which would keep it scalar.
+SIMD_JIT = {"error_model": "numpy", "fastmath": {"contract"}}
+
+
+def cpu_pmap1(f, vec=False):
+    """out[i] = f(a[i]) over the cores (prange); with ``vec``, f's math is the vectorizable kind."""
+    fc = _cpu(with_vector_math(f) if vec else f)
+
+    @njit(parallel=True, **(SIMD_JIT if vec else {}))
+    def ploop1(out, a):
+        for i in prange(out.size):
+            out[i] = fc(a[i])
+
+    return ploop1
+
+
+def cpu_pmap2(f, vec=False):
+    fc = _cpu(with_vector_math(f) if vec else f)
+
+    @njit(parallel=True, **(SIMD_JIT if vec else {}))
+    def ploop2(out, a, b):
+        for i in prange(out.size):
+            out[i] = fc(a[i], b[i])
+
+    return ploop2
+
+
+def cpu_pmap3_2(f, h, vec=False):
+    fc = _cpu(with_vector_math(f) if vec else f)
+    hc = _cpu(with_vector_math(h) if vec else h)
+
+    @njit(parallel=True, **(SIMD_JIT if vec else {}))
+    def ploop3(out1, out2, a, b, c):
+        for i in prange(out1.size):
+            out1[i] = fc(a[i], b[i], c[i])
+            out2[i] = hc(a[i], b[i], c[i])
+
+    return ploop3
+
+
+CPU_PAR_TEMPLATES = {1: cpu_pmap1, 2: cpu_pmap2}
+
+PRANGE_DOC = """The rung-1 loop split over the cores with prange; the scalar `{f}` still calls libm once per
+    element. {pred}"""
+PRANGE_PRED = {True: "Rung 1 is bound by those calls (~4 ns per element), so predicted: x cores faster (2x on 2 "
+                     "cores), still well under copy bandwidth.",
+               False: "No libm call here: rung 1 already streams near one core's bandwidth, so predicted: only "
+                      "what a second core adds to the bandwidth (<= 1.5x)."}
+SIMD_DOC = """Rung 2 with `{f}` compiled against the vectorizable math (cpumath's exp_f32{erfc}, inlined) instead
+    of libm, error_model="numpy" and FMA contraction: LLVM now emits packed 8-float (ymm) instructions for the
+    whole body and no call. {pred}"""
+SIMD_PRED = {True: "Predicted: the arithmetic drops from ~4 ns to ~0.5 ns per element per core, below the "
+                   "memory time, so >= 70 % of copy bandwidth at n = 2^24 and 2-4x rung 2.",
+             False: "No transcendental here, so the same code as rung 2: predicted equal to it (a control)."}
 
 
 def gpu_map1(f):
@@ -523,6 +605,7 @@ def _register_unary(name, ref, make, fl, moved, f):
     gpu_fn.__doc__ = (f"One thread per element calling `{f.__name__}` as a device function. Reads 4 and "
                       "writes 4 bytes per element: predict ~90 % of copy bandwidth at large n.")
     register(name, "cpu", "loop", rung=1)(cpu_fn)
+    _register_cpu_par(name, f, 1)
     register(name, "gpu", "thread", rung=1, ptx=[(kern, f"void({V}, {V})")])(gpu_fn)
     kern4 = gpu_map1_ilp(f)
     GPU_KERNELS[name + "/ilp4"] = kern4
@@ -535,6 +618,29 @@ def _register_unary(name, ref, make, fl, moved, f):
     register(name, "gpu", "ilp4", rung=2, ptx=[(kern4, f"void({V}, {V})")])(gpu_fn4)
     GPU_FN4[name] = gpu_fn4
     _register_v4(name, 1)
+
+
+def _calls(loop):
+    def cpu_fn(*args):
+        loop(*args)
+
+    return cpu_fn
+
+
+def _register_cpu_par(name, f, n_in, h=None):
+    """CPU rungs 2 (prange) and 3 (simd) of an elementwise op, from its scalar function(s)."""
+    libm = name not in ("relu", "relu_bwd")
+    names = f"{f.__name__}" + (f"`/`{h.__name__}" if h is not None else "")
+    for variant, rung, vec in (("prange", 2, False), ("simd", 3, True)):
+        loop = cpu_pmap3_2(f, h, vec) if h is not None else CPU_PAR_TEMPLATES[n_in](f, vec)
+        CPU_LOOPS[f"{name}/{variant}"] = loop
+
+        cpu_fn = _calls(loop)
+        cpu_fn.__name__ = cpu_fn.__qualname__ = f"{name}_{variant}_cpu"
+        doc = (SIMD_DOC.format(f=names, erfc=", erfc_f32" if name.startswith("gelu") and "tanh" not in name
+                               else "", pred=SIMD_PRED[libm]) if vec
+               else PRANGE_DOC.format(f=names, pred=PRANGE_PRED[libm]))
+        register(name, "cpu", variant, rung=rung, doc=doc)(cpu_fn)
 
 
 def _register_v4(name, n_in):
@@ -565,6 +671,7 @@ def _register_binary(name, ref, make, fl, moved, f):
     gpu_fn.__doc__ = (f"One thread per element calling `{f.__name__}`. Reads 8 and writes 4 bytes per "
                       "element: predict ~90 % of copy bandwidth at large n.")
     register(name, "cpu", "loop", rung=1)(cpu_fn)
+    _register_cpu_par(name, f, 2)
     register(name, "gpu", "thread", rung=1, ptx=[(kern, f"void({V}, {V}, {V})")])(gpu_fn)
     kern4 = gpu_map2_ilp(f)
     GPU_KERNELS[name + "/ilp4"] = kern4
@@ -593,6 +700,9 @@ GPU_KERNELS["swiglu_bwd"] = gpu_map3_2(swiglu_dg_s, swiglu_du_s)
 def swiglu_bwd_cpu(dg, du, dy, g, u):
     """@njit loop writing both gradients in one pass: reads dy, g, u once, writes dg, du once."""
     CPU_LOOPS["swiglu_bwd"](dg, du, dy, g, u)
+
+
+_register_cpu_par("swiglu_bwd", swiglu_dg_s, 3, h=swiglu_du_s)
 
 
 @register("swiglu_bwd", "gpu", "thread", rung=1, ptx=[(GPU_KERNELS["swiglu_bwd"], f"void({V}, {V}, {V}, {V}, {V})")])
@@ -670,6 +780,24 @@ def _relu_bwd_edges(size, dtype, rng):
     return dy, _sprinkle(x, rng, [np.nan, np.inf, -np.inf, -0.0, 0.0])
 
 
+def _edges_in(make, which, values):
+    """Edge inputs: ``make``'s inputs with ``values`` sprinkled into input number ``which``."""
+    def edges(size, dtype, rng):
+        xs = make(size, dtype, rng)
+        _sprinkle(xs[which], rng, values)
+        return xs
+
+    return edges
+
+
+# forward ops: every edge value into x (or the gate g); backward ops: the finite ones into x (at x = +-inf the
+# textbook derivatives are 0 * inf = NaN in the reference, and the question is not one the kernels answer)
+for _name in ("gelu", "gelu_tanh", "silu"):
+    EDGE_INPUTS[_name] = _edges_in(make_inputs_1, 0, _EDGE_VALUES)
+EDGE_INPUTS["swiglu"] = _edges_in(make_inputs_2, 0, _EDGE_VALUES)
+for _name in ("gelu_bwd", "silu_bwd"):
+    EDGE_INPUTS[_name] = _edges_in(make_inputs_2, 1, _EDGE_VALUES[:6])
+EDGE_INPUTS["swiglu_bwd"] = _edges_in(make_inputs_3, 1, _EDGE_VALUES[:6])
 EDGE_INPUTS["relu"] = _relu_edges
 EDGE_INPUTS["relu_bwd"] = _relu_bwd_edges
 EDGE_INPUTS["gelu_tanh_bwd"] = _gelu_tanh_bwd_edges
@@ -714,6 +842,25 @@ def bias_gelu_fused_cpu(y, x, b):
     """One pass: y = gelu(x + b). Half the memory traffic of the unfused pair once the arrays are
     larger than the caches."""
     bias_gelu_rows(y, x, b)
+
+
+_gelu_tanh_vec = _cpu(with_vector_math(gelu_tanh_s))
+
+
+@njit(parallel=True, **SIMD_JIT)
+def bias_gelu_rows_simd(y, x, b):
+    m, n = x.shape
+    for i in prange(m):  # rows over the cores; each row's inner loop is SIMD
+        for j in range(n):
+            y[i, j] = _gelu_tanh_vec(x[i, j] + b[j])
+
+
+@register("bias_gelu", "cpu", "simd", rung=3)
+def bias_gelu_simd_cpu(y, x, b):
+    """The fused pass with rows spread over the cores (prange) and gelu_tanh compiled against the vectorizable
+    exp (as the simd rung of gelu_tanh): 8 elements per instruction, no libm call. Predicted: like gelu_tanh's
+    simd rung, >= 70 % of copy bandwidth on the fused pass's 2MN elements, several times rung 2."""
+    bias_gelu_rows_simd(y, x, b)
 
 
 @cuda.jit
@@ -849,3 +996,184 @@ def gelu_tanh_error(xs=None):
     xs = np.linspace(-6, 6, 2401) if xs is None else np.asarray(xs, dtype=np.float64)
     exact = gelu_ref(xs)
     return xs, exact, gelu_tanh_ref(xs) - exact
+
+
+# --------------------------------------------------------------------- CPU yardsticks: NumPy and torch
+# The NumPy formulas a student would write, in float32 (float32 constants keep NumPy from widening). x*x*x
+# rather than x**3: NumPy computes a float32 power with powf, ~10x slower than two multiplies, and a yardstick
+# should be the strong version of the formula. errstate: exp(-x) overflows to inf for x < -88, as it should.
+K_TANH_H = HALF * K_TANH
+# The textbook formulas (and torch's) form 1 + erf(z), 1 + tanh(u) or 1 - tanh(u)^2, which cancel in float32 where
+# erf or tanh is near -1 or +-1: absolute errors up to ~4e-6 (measured on the check sizes) where the course's
+# erfc and sigmoid forms stay within 1e-6. The yardsticks that do this are checked at this looser absolute
+# tolerance, stated here rather than hidden; the course's own rungs keep TOL.
+CANCEL_TOL = (1e-5, 1e-5)
+
+
+def _scipy():
+    try:
+        import scipy.special  # noqa: F401
+    except ImportError:
+        return False, "NumPy has no erf; the exact GELU's NumPy formula needs SciPy (scipy.special.erf), not installed"
+    return True, ""
+
+
+def _np_sigmoid(x):
+    with np.errstate(over="ignore"):
+        return F1 / (F1 + np.exp(-x))
+
+
+@register("relu", "cpu", "numpy", baseline=True)
+def relu_numpy(y, x):
+    """np.maximum(x, 0): one pass, NaN propagates."""
+    np.maximum(x, F0, out=y)
+
+
+@register("relu_bwd", "cpu", "numpy", baseline=True)
+def relu_bwd_numpy(dx, dy, x):
+    """dy * (x > 0): a boolean mask pass, then the product."""
+    np.multiply(dy, x > F0, out=dx)
+
+
+@register("gelu", "cpu", "numpy", baseline=True, requires=_scipy, tol=CANCEL_TOL)
+def gelu_numpy(y, x):
+    """0.5 x (1 + erf(x / sqrt 2)) with scipy.special.erf."""
+    from scipy.special import erf
+
+    y[:] = HALF * x * (F1 + erf(x * INV_SQRT2))
+
+
+@register("gelu_bwd", "cpu", "numpy", baseline=True, requires=_scipy, tol=CANCEL_TOL)
+def gelu_bwd_numpy(dx, dy, x):
+    """dy (Phi(x) + x phi(x)) with scipy.special.erf and np.exp."""
+    from scipy.special import erf
+
+    dx[:] = dy * (HALF * (F1 + erf(x * INV_SQRT2)) + x * np.exp(-HALF * x * x) * INV_SQRT_2PI)
+
+
+@register("gelu_tanh", "cpu", "numpy", baseline=True)
+def gelu_tanh_numpy(y, x):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): six temporaries, each a pass over memory."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.multiply(HALF * x, F1 + np.tanh(K_TANH * (x + C_TANH * (x * x * x))), out=y)
+
+
+@register("gelu_tanh_bwd", "cpu", "numpy", baseline=True, tol=CANCEL_TOL)
+def gelu_tanh_bwd_numpy(dx, dy, x):
+    """The textbook derivative with t = tanh(u): 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3c x^2), times dy."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        x2 = x * x
+        t = np.tanh(K_TANH * (x + C_TANH * x2 * x))
+        np.multiply(dy, HALF * (F1 + t) + K_TANH_H * x * (F1 - t * t) * (F1 + C3_TANH * x2), out=dx)
+
+
+@register("silu", "cpu", "numpy", baseline=True)
+def silu_numpy(y, x):
+    """x * sigmoid(x) = x / (1 + exp(-x))."""
+    with np.errstate(over="ignore"):
+        np.divide(x, F1 + np.exp(-x), out=y)
+
+
+@register("silu_bwd", "cpu", "numpy", baseline=True)
+def silu_bwd_numpy(dx, dy, x):
+    """dy s (1 + x (1 - s)) with s = sigmoid(x)."""
+    s = _np_sigmoid(x)
+    np.multiply(dy * s, F1 + x * (F1 - s), out=dx)
+
+
+@register("swiglu", "cpu", "numpy", baseline=True)
+def swiglu_numpy(y, g, u):
+    """g / (1 + exp(-g)) * u."""
+    with np.errstate(over="ignore"):
+        np.multiply(g / (F1 + np.exp(-g)), u, out=y)
+
+
+@register("swiglu_bwd", "cpu", "numpy", baseline=True)
+def swiglu_bwd_numpy(dg, du, dy, g, u):
+    """s = sigmoid(g) once; dg = dy u s (1 + g (1 - s)), du = dy g s."""
+    s = _np_sigmoid(g)
+    np.multiply(dy * u * s, F1 + g * (F1 - s), out=dg)
+    np.multiply(dy * g, s, out=du)
+
+
+@register("bias_gelu", "cpu", "numpy", baseline=True)
+def bias_gelu_numpy(y, x, b):
+    """t = x + b (broadcast over rows), then the GELU formula on t: every step a pass over (M, N)."""
+    t = x + b
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.multiply(HALF * t, F1 + np.tanh(K_TANH * (t + C_TANH * (t * t * t))), out=y)
+
+
+# torch on the CPU with Numba's thread count, each call writing straight into our output (ATen out= overloads).
+@register("relu", "cpu", "torch", baseline=True, requires=torch_cpu)
+def relu_torch(y, x):
+    """aten::relu.out."""
+    ty, tx = tviews(y, x)
+    aten_out("relu", tx, out=ty)
+
+
+def _torch_unary(name, **kw):
+    def fn(y, x):
+        ty, tx = tviews(y, x)
+        aten_out(name, tx, out=ty, **kw)
+
+    return fn
+
+
+register("gelu", "cpu", "torch", baseline=True, requires=torch_cpu, tol=CANCEL_TOL,
+         edge_exempt="torch 2.13's CPU GELU returns NaN at x = +inf (the limit is +inf); measured, not a kernel of ours",
+         doc="aten::gelu.out(approximate='none'): torch's vectorized erf GELU.")(_torch_unary("gelu", approximate="none"))
+register("gelu_tanh", "cpu", "torch", baseline=True, requires=torch_cpu,
+         doc="aten::gelu.out(approximate='tanh').")(_torch_unary("gelu", approximate="tanh"))
+register("silu", "cpu", "torch", baseline=True, requires=torch_cpu, doc="aten::silu.out.")(_torch_unary("silu"))
+
+
+def _torch_grad(name, **kw):
+    def fn(dx, dy, x):
+        import torch
+
+        tdx, tdy, tx = tviews(dx, dy, x)
+        getattr(torch.ops.aten, name).grad_input(tdy, tx, grad_input=tdx, **kw)
+
+    return fn
+
+
+register("relu_bwd", "cpu", "torch", baseline=True, requires=torch_cpu,
+         edge_exempt="threshold_backward passes dy through where x is NaN (NaN <= 0 is false); the course gives 0",
+         doc="aten::threshold_backward.grad_input(dy, x, 0): what autograd runs for relu.")(
+    _torch_grad("threshold_backward", threshold=0.0))
+register("gelu_bwd", "cpu", "torch", baseline=True, requires=torch_cpu,
+         doc="aten::gelu_backward.grad_input(approximate='none').")(_torch_grad("gelu_backward", approximate="none"))
+register("gelu_tanh_bwd", "cpu", "torch", baseline=True, requires=torch_cpu, tol=CANCEL_TOL,
+         doc="aten::gelu_backward.grad_input(approximate='tanh').")(_torch_grad("gelu_backward", approximate="tanh"))
+register("silu_bwd", "cpu", "torch", baseline=True, requires=torch_cpu,
+         doc="aten::silu_backward.grad_input.")(_torch_grad("silu_backward"))
+
+
+@register("swiglu", "cpu", "torch", baseline=True, requires=torch_cpu)
+def swiglu_torch(y, g, u):
+    """F.silu(g) * u as eager torch runs it: silu into y, then y *= u in place (two passes, no copy)."""
+    ty, tg, tu = tviews(y, g, u)
+    aten_out("silu", tg, out=ty)
+    ty.mul_(tu)
+
+
+@register("swiglu_bwd", "cpu", "torch", baseline=True, requires=torch_cpu)
+def swiglu_bwd_torch(dg, du, dy, g, u):
+    """What autograd runs for silu(g) * u: dg = silu_backward(dy * u, g), du = dy * silu(g) (four passes)."""
+    import torch
+
+    tdg, tdu, tdy, tg, tu = tviews(dg, du, dy, g, u)
+    torch.ops.aten.silu_backward.grad_input(tdy * tu, tg, grad_input=tdg)
+    aten_out("silu", tg, out=tdu)
+    tdu.mul_(tdy)
+
+
+@register("bias_gelu", "cpu", "torch", baseline=True, requires=torch_cpu)
+def bias_gelu_torch(y, x, b):
+    """F.gelu(x + b, approximate='tanh') in eager torch, unfused: add into y, then GELU in place."""
+    import torch
+
+    ty, tx, tb = tviews(y, x, b)
+    aten_out("add", tx, tb, out=ty)
+    torch.ops.aten.gelu_(ty, approximate="tanh")
