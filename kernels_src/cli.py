@@ -7,6 +7,7 @@
     kernels doctor                         what is installed, what works, and how to fix what doesn't
     kernels profile OP [--size S] [--set memory|stalls|shared|all] [--json FILE]
                                            Nsight Compute counters per variant (real GPU and ncu needed)
+    kernels cpuboard [--ops a,b] [--again]  every op's best CPU rung against torch (CPU) and NumPy, one run
     kernels asm OP [--variants a,b] [--json FILE]
                                            SIMD instructions in each CPU rung's machine code (did it vectorize?)
 """
@@ -168,10 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     launchcost.add_parser(sub)
     stepprofile.add_parser(sub)
-    from .tools import asm, autotune
+    from .tools import asm, autotune, cpuboard
 
     autotune.add_parser(sub)
     asm.add_parser(sub)
+    cpuboard.add_parser(sub)
     for extra in EXTRA_COMMANDS:
         extra(sub)
     return p

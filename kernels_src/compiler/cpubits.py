@@ -28,3 +28,21 @@ def float32_from_bits(typingctx, i):
         return builder.bitcast(v, ir.FloatType())
 
     return types.float32(i), codegen
+
+
+def cpu_dispatcher_type():
+    """The class of an ``@njit`` function (Numba's CPU dispatcher), for tools that look at compiled code."""
+    from numba.core.registry import CPUDispatcher
+
+    return CPUDispatcher
+
+
+def recompile_uncached(dispatcher) -> None:
+    """Make ``dispatcher`` compile afresh instead of loading from Numba's on-disk cache (whose code cannot be
+    inspected), dropping what it already loaded from there."""
+    from numba.core.caching import NullCache
+
+    if dispatcher.signatures and not dispatcher.stats.cache_misses and dispatcher.stats.cache_hits:
+        dispatcher.overloads.clear()
+        dispatcher._cache_hits.clear()  # noqa: SLF001
+    dispatcher._cache = NullCache()  # noqa: SLF001

@@ -66,4 +66,5 @@ def aten_out(name: str, *args, out, **kwargs):
 # ATen overloads with several outputs name them; add an entry when a baseline needs one.
 _OUT_NAMES = {
     "native_layer_norm": ("out0", "out1", "out2"),
+    "native_layer_norm_backward": ("out0", "out1", "out2"),
 }

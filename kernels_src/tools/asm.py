@@ -73,16 +73,17 @@ def classify(asm: str, llvm_ir: str = "") -> dict:
 
 
 def _dispatchers(fn, seen=None) -> list:
-    """The Numba CPU functions ``fn`` calls: itself if it is one, else the ones named in its code (globals
-    and closure cells), followed one level into plain Python helpers."""
-    from numba.core.registry import CPUDispatcher
+    """The Numba CPU functions ``fn`` calls: itself if it is one, and the ones named in its code (globals and
+    closure cells), followed through Numba functions and the course's plain Python helpers."""
+    from ..compiler import cpu_dispatcher_type
 
+    CPUDispatcher = cpu_dispatcher_type()
     seen = set() if seen is None else seen
     if id(fn) in seen:
         return []
     seen.add(id(fn))
-    if isinstance(fn, CPUDispatcher):
-        return [fn]
+    if isinstance(fn, CPUDispatcher):  # itself, then the Numba functions it calls (compiled separately)
+        return [fn] + _dispatchers(fn.py_func, seen)
     code = getattr(fn, "__code__", None)
     if code is None:
         return []
@@ -96,9 +97,7 @@ def _dispatchers(fn, seen=None) -> list:
     for name in list(code.co_names) + list(code.co_freevars):
         obj = ns.get(name)
         if isinstance(obj, CPUDispatcher):
-            if id(obj) not in seen:
-                seen.add(id(obj))
-                out.append(obj)
+            out += _dispatchers(obj, seen)
         elif callable(obj) and getattr(obj, "__module__", "").startswith("kernels_src.ops") and len(seen) < 50:
             out += _dispatchers(obj, seen)
     return out
@@ -116,13 +115,10 @@ def variant_asm(op_name: str, variant: str, size=None, dtype: str = "float32") -
     inputs = as_tuple(op.make_inputs(size, np.dtype(dtype), np.random.default_rng(0)))
     outs = [np.empty_like(o) for o in empty_outputs(reference_outputs(op, inputs), dtype)]
     found = _dispatchers(v.fn)
-    from numba.core.caching import NullCache
+    from ..compiler import recompile_uncached
 
     for d in found:  # code loaded from Numba's on-disk cache cannot be inspected: compile afresh
-        if d.signatures and not d.inspect_asm():
-            d._cache, d.overloads = NullCache(), {}  # noqa: SLF001
-            d._cache_hits.clear()
-        d._cache = NullCache()  # noqa: SLF001
+        recompile_uncached(d)
     v.fn(*outs, *inputs)
     funcs = {}
     for d in found:

@@ -1,0 +1,160 @@
+"""The CPU scoreboard: every op's best CPU rung against torch on the CPU and the NumPy formula, in one run.
+
+    kernels cpuboard [--ops a,b] [--out DIR] [--again]
+
+For each op with course CPU rungs, ``bench`` runs every CPU variant at the op's CPU bench sizes and writes
+DIR/<op>_cpu.json (DIR defaults to book/data/bench/cpu/<this machine>, named by its CPU model and core count).
+Then, at the largest size, the scoreboard takes the fastest course rung and sets it beside the baselines
+measured in the same run: the NumPy formula (``numpy``) and torch on the CPU (``torch``, where installed), and,
+for memory-bound ops, the fraction of the machine's parallel copy bandwidth (also measured in that run).
+
+``--again`` times the best rung and the baselines a second time (a second pass over every op, after the
+first), so the scoreboard says how far apart two runs are. Everything goes to DIR/cpuboard.json, from which
+the book draws its CPU scoreboard (kernels_src/figures/cpu.py).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Registered CPU "variants" that model or demonstrate rather than compute an op's output at speed.
+NOT_KERNELS = {"decode_time_prediction", "attention_causal_speedup", "fp16_update_vanishes"}
+
+
+def board_ops(wanted=None) -> list:
+    from ..registry import ops
+
+    out = []
+    for op in ops():
+        if op.name in NOT_KERNELS or (wanted and op.name not in wanted):
+            continue
+        if any(v.backend == "cpu" and not v.baseline for v in op.variants):
+            out.append(op)
+    if wanted:
+        missing = set(wanted) - {o.name for o in out}
+        if missing:
+            raise KeyError(f"no CPU rungs to score for {sorted(missing)}")
+    return out
+
+
+def _largest(result: dict) -> tuple:
+    import numpy as np
+
+    sizes = {tuple(r["size"]) for r in result["rows"] if "median_s" in r}
+    return max(sizes, key=lambda s: float(np.prod(s)))
+
+
+def summarize(result: dict) -> dict:
+    """One scoreboard row from one op's bench result: the best course rung at the largest size, the
+    baselines beside it, and the ratios (> 1: the course is faster)."""
+    size = _largest(result)
+    at = [r for r in result["rows"] if "median_s" in r and tuple(r["size"]) == size]
+    course = [r for r in at if not r["baseline"]]
+    base = {r["variant"]: r for r in at if r["baseline"]}
+    skipped = {r["variant"]: r["skipped"] for r in result["rows"] if "skipped" in r}
+    best = min(course, key=lambda r: r["median_s"])
+    row = {"op": result["op"], "kind": result["kind"], "size": list(size), "size_label": best["size_label"],
+           "best": best["variant"], "best_rung": best["rung"], "best_s": best["median_s"],
+           "best_q1_s": best["q1_s"], "best_q3_s": best["q3_s"], "gbps": best["gbps"], "gflops": best["gflops"],
+           "frac_copy": best.get("frac_copy_bw"), "frac_compute": best.get("frac_compute_peak")}
+    for name in ("numpy", "torch"):
+        b = base.get(name)
+        row[f"{name}_s"] = b["median_s"] if b else None
+        row[f"vs_{name}"] = b["median_s"] / best["median_s"] if b else None
+        if not b:
+            row[f"{name}_why"] = skipped.get(name, "no such baseline registered")
+    return row
+
+
+def run(ops_wanted=None, out=None, again: bool = False, progress: bool = True) -> dict:
+    from ..bench import bench, cpu_slug, environment, format_table, save_json, _median, time_cpu, _prepare
+    from ..paths import BENCH_DATA
+    from ..registry import get_op
+
+    out = Path(out) if out else BENCH_DATA / "cpu" / cpu_slug()
+    chosen = board_ops(ops_wanted)
+    rows, results = [], {}
+    it = chosen
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(chosen, desc="cpuboard", unit="op")
+    for op in it:
+        res = bench(op.name, "cpu", progress=False)
+        save_json(res, out / f"{op.name}_cpu.json")
+        if not progress:
+            print(format_table(res))
+        results[op.name] = res
+        rows.append(summarize(res))
+    if again:  # a second pass, after every op's first: the same variants at the same size
+        it = rows
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(rows, desc="again", unit="op")
+        for row in it:
+            op = get_op(row["op"])
+            names = [row["best"]] + [n for n in ("numpy", "torch") if row[f"{n}_s"] is not None]
+            args = _prepare(op, tuple(row["size"]), "float32", "cpu", 1)[0]
+            for name in names:
+                v = next(x for x in op.variants if x.backend == "cpu" and x.name == name)
+                t = _median(time_cpu(v.fn, args, min_repeat=5))
+                key = "best" if name == row["best"] else name
+                row[f"{key}_s_run2"] = t
+            first = row["best_s"]
+            row["run_spread"] = abs(row["best_s_run2"] - first) / min(first, row["best_s_run2"])
+            for n in ("numpy", "torch"):
+                if row.get(f"{n}_s_run2"):
+                    row[f"vs_{n}_run2"] = row[f"{n}_s_run2"] / row["best_s_run2"]
+    board = {"meta": environment(), "peaks": next(iter(results.values()))["peaks"] if results else {},
+             "again": again, "rows": rows}
+    if ops_wanted:  # a partial run updates the rows it measured and keeps the others
+        old_path = out / "cpuboard.json"
+        if old_path.exists():
+            from ..bench import load_json
+
+            old = load_json(old_path)
+            kept = [r for r in old["rows"] if r["op"] not in {x["op"] for x in rows}]
+            board["rows"] = sorted(kept + rows, key=lambda r: r["op"])
+    save_json(board, out / "cpuboard.json")
+    return board
+
+
+def format_board(board: dict) -> str:
+    m = board["meta"]
+    lines = [f"CPU scoreboard: {m.get('cpu_model', '?')}, {m.get('cpu_count', '?')} cores, "
+             f"{m.get('cpu_threads', '?')} threads; copy {board['peaks'].get('copy_gbps', 0):.1f} GB/s",
+             f"{'op':<22} {'size':<22} {'best rung':<16} {'median':>10} {'vs numpy':>9} {'vs torch':>9} "
+             f"{'% copy':>7} {'2nd run':>8}"]
+    from ..bench import fmt_time
+
+    def ratio(x):
+        return f"{x:.2f}x" if x else "-"
+
+    def pct(x, digits=0):
+        return f"{100 * x:.{digits}f}%" if x is not None else "-"
+
+    for r in board["rows"]:
+        lines.append(f"{r['op']:<22} {r['size_label']:<22} {r['best']:<16} {fmt_time(r['best_s']):>10} "
+                     f"{ratio(r['vs_numpy']):>9} {ratio(r['vs_torch']):>9} {pct(r.get('frac_copy')):>7} "
+                     f"{pct(r.get('run_spread'), 1):>8}")
+    return "\n".join(lines)
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("cpuboard", help="every op's best CPU rung against torch (CPU) and NumPy, in one run")
+    s.add_argument("--ops", help="comma-separated op names (default: every op with CPU rungs)")
+    s.add_argument("--out", help="folder for the JSON (default: book/data/bench/cpu/<this machine>)")
+    s.add_argument("--again", action="store_true", help="time the best rung and the baselines a second time")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar; print each op's table")
+    s.set_defaults(func=cmd_cpuboard)
+
+
+def cmd_cpuboard(args) -> int:
+    try:
+        board = run(args.ops.split(",") if args.ops else None, args.out, args.again, progress=not args.quiet)
+    except KeyError as e:
+        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        return 2
+    print(format_board(board))
+    return 0
