@@ -34,6 +34,28 @@ def runs_here(gpu: bool, no_ptx: bool) -> str:
     return line
 
 
+def cpu_lines() -> list[str]:
+    """What the CPU path has here: the CPU and its vector instructions, whether Numba vectorizes math calls
+    (Intel's SVML), and whether torch is there to be the CPU yardstick."""
+    import os
+
+    from .bench import cpu_model, simd_flags
+    from .compiler import get_num_threads, using_svml
+
+    out = [f"CPU           {cpu_model()}, {os.cpu_count()} cores, Numba uses {get_num_threads()} threads; "
+           f"SIMD: {' '.join(simd_flags()) or 'unknown'}"]
+    svml = using_svml()
+    out.append("CPU math      " + ("Intel SVML on: Numba vectorizes loops over math.exp/tanh" if svml else
+               "no SVML (llvmlite on PyPI is built without it): a loop over math.exp calls the C library once per "
+               "element; the course's SIMD rungs use their own vectorizable exp (kernels_src/ops/cpumath.py), so "
+               "nothing is lost"))
+    tv = _version("torch")
+    out.append(f"torch (CPU)   {tv}: the CPU benchmarks time torch beside the course" if tv else
+               "torch (CPU)   not installed (optional): CPU benchmarks skip the torch rows; pip install torch "
+               "adds them")
+    return out
+
+
 def doctor() -> int:
     problems: list[tuple[str, str]] = []
     print(f"Python        {platform.python_version()} ({sys.executable})")
@@ -53,6 +75,8 @@ def doctor() -> int:
     if nc_v and np_v and tuple(int(x) for x in np_v.split(".")[:2]) >= (2, 5):
         problems.append((f"numpy {np_v}: numba-cuda 0.30 cannot compile kernels with numpy 2.5",
                          "pip install 'numpy<2.5' (the course pins 2.3.5)"))
+    for line in cpu_lines():
+        print(line)
     ok, why = device.probe_gpu()
     print(f"GPU           {'yes: ' if ok else 'no: '}{why}")
     print(f"kernels mode  {device.MODE} ({device.REASON})")

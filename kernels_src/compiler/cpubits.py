@@ -46,3 +46,13 @@ def recompile_uncached(dispatcher) -> None:
         dispatcher.overloads.clear()
         dispatcher._cache_hits.clear()  # noqa: SLF001
     dispatcher._cache = NullCache()  # noqa: SLF001
+
+
+def using_svml() -> bool:
+    """Whether Numba vectorizes math calls with Intel's SVML (it needs an SVML-patched llvmlite and the library)."""
+    try:
+        from numba.core import config
+
+        return bool(config.USING_SVML)
+    except Exception:  # noqa: BLE001
+        return False
