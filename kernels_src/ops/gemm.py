@@ -374,59 +374,62 @@ def gemm_regblock_par(C, A, B):
 # array stays in memory: LLVM cannot prove it is not aliased by A or B). So the micro-kernel is rung 5's dot
 # products grown to the register file: MR x NR = 4 x 6 = 24 running sums, each a 256-bit ymm register of 8
 # partial sums along k. AVX-512 gives 32 ymm registers: 24 sums + 4 rows of A + 1 row of B = 29 fit, and
-# each step of 8 k-values does 24 FMAs for 10 loads (rung 5: 16 for 8). 4 x 7 (28 sums) spills.
+# each step of 8 k-values does 24 FMAs for 10 loads (rung 5: 16 for 8). 4 x 7 (28 sums) runs out of registers
+# and measured slower. Why not 512-bit zmm registers (16 floats)? LLVM's vectorisers cap themselves at 256 bits on
+# this Intel core (its tuning flag prefer-256-bit), and Numba offers no per-function way to lift that.
 PMR, PNR = 4, 6  # register tile of C: PMR rows of A x PNR columns of B, 24 accumulators
-PKC = 512  # depth of a packed block: one B sliver (6 x 512 floats = 12 KiB) stays in L1 (48 KiB)
-PMC = 64  # rows of C per task: the packed A block (64 x 512 floats = 128 KiB) stays in L2 (2 MiB)
+PKC = 1024  # depth of a packed block: a B sliver (6 x 1024 floats = 24 KiB) + an A sliver (16 KiB) fit L1 (48 KiB)
+PMC = 64  # rows of C per task: the packed A block (64 x 1024 floats = 256 KiB) stays in L2 (2 MiB)
+PPAD = 16  # floats added to each packed row: rows 4 KiB apart would all fall in the same L1 sets
+
+
+@njit(fastmath=True, cache=True)
+def _pack_b_sliver(Bp, B, kb, s):
+    """Bp[kb, s] (PNR, PKC) <- B[k0:k0+kc, j0:j0+PNR].T: one PKC-deep block of one PNR-column sliver of B as
+    PNR contiguous rows of k; columns past N are zeros. B is read along its rows (PNR floats per row of B)."""
+    K, N = B.shape
+    k0 = kb * PKC
+    kc = min(PKC, K - k0)
+    j0 = s * PNR
+    dst = Bp[kb, s]
+    if j0 + PNR <= N:
+        for p in range(kc):
+            row = B[k0 + p, j0:j0 + PNR]
+            for r in range(PNR):
+                dst[r, p] = row[r]
+    else:
+        dst[:, :kc] = 0.0
+        for p in range(kc):
+            for r in range(N - j0):
+                dst[r, p] = B[k0 + p, j0 + r]
 
 
 @njit(fastmath=True, cache=True)
 def _pack_b(Bp, B):
-    """Bp (nkb, ns, PNR, PKC) <- B (K, N): for each PKC-deep block and each PNR-column sliver, the sliver's
-    columns as PNR contiguous rows of k (B^T, one sliver after another); columns past N are zeros."""
-    K, N = B.shape
+    """Bp (nkb, ns, PNR, PKC) <- B (K, N), one sliver block after another."""
     for kb in range(Bp.shape[0]):
-        k0 = kb * PKC
-        kc = min(PKC, K - k0)
         for s in range(Bp.shape[1]):
-            for r in range(PNR):
-                j = s * PNR + r
-                dst = Bp[kb, s, r]
-                if j < N:
-                    for p in range(kc):
-                        dst[p] = B[k0 + p, j]
-                else:
-                    dst[:kc] = 0.0
+            _pack_b_sliver(Bp, B, kb, s)
 
 
 @njit(fastmath=True, parallel=True, cache=True)
 def _pack_b_par(Bp, B):
-    """_pack_b with the column slivers spread over cores."""
-    K, N = B.shape
+    """_pack_b with the sliver blocks spread over cores."""
     ns = Bp.shape[1]
     for t in prange(Bp.shape[0] * ns):
         kb = t // ns
-        s = t - kb * ns
-        k0 = kb * PKC
-        kc = min(PKC, K - k0)
-        for r in range(PNR):
-            j = s * PNR + r
-            dst = Bp[kb, s, r]
-            if j < N:
-                for p in range(kc):
-                    dst[p] = B[k0 + p, j]
-            else:
-                dst[:kc] = 0.0
+        _pack_b_sliver(Bp, B, kb, t - kb * ns)
 
 
 @njit(fastmath=True, cache=True)
-def _micro_4x6(C, a, b, kc, i, j):
-    """C[i:i+4, j:j+6] += a[:, :kc] @ b[:, :kc].T, a (PMR, PKC) and b (PNR, PKC) packed slivers.
+def _micro_4x6(C, a, b, kc, i, j, add):
+    """C[i:i+4, j:j+6] (+)= a[:, :kc] @ b[:, :kc].T, a (PMR, PKC) and b (PNR, PKC) packed slivers.
 
     24 scalar sums; LLVM vectorises the k loop, so each sum becomes one ymm register of 8 partial sums
-    and each step of 8 k-values is 10 vector loads (all stride 1, from one 8 + 12 KiB block) and 24
-    FMAs. The 24 sums are reduced (8 lanes -> 1) once per call, which PKC = 512 makes ~5 % of the work.
-    Rows/columns of the tile beyond C (zero padding in the slivers) are not written back.
+    and each step of 8 k-values is 10 vector loads (all stride 1, from two contiguous 16 + 24 KiB blocks) and
+    24 FMAs. The 24 sums are reduced (8 lanes -> 1) once per call, which PKC = 1024 makes ~3 % of the work.
+    The first K block stores (``add`` False: C needs no zeroing), later ones add. Rows/columns of the tile
+    beyond C (zero padding in the slivers) are not written back.
     """
     a0 = a[0, :kc]
     a1 = a[1, :kc]
@@ -478,6 +481,8 @@ def _micro_4x6(C, a, b, kc, i, j):
         s34 += x3 * y4
         s35 += x3 * y5
     M, N = C.shape
+    if not add:  # the first K block: C needs no zeroing beforehand
+        C[i:i + PMR, j:j + PNR] = 0.0  # (a view: clipped at C's edges)
     if i + PMR <= M and j + PNR <= N:  # a whole tile: 24 adds
         C[i, j] += s00
         C[i, j + 1] += s01
@@ -507,16 +512,14 @@ def _micro_4x6(C, a, b, kc, i, j):
         t = ((s00, s01, s02, s03, s04, s05), (s10, s11, s12, s13, s14, s15),
              (s20, s21, s22, s23, s24, s25), (s30, s31, s32, s33, s34, s35))
         for r in range(min(PMR, M - i)):
-            row = t[r]
             for c in range(min(PNR, N - j)):
-                C[i + r, j + c] += row[c]
+                C[i + r, j + c] += t[r][c]
 
 
 @njit(fastmath=True, cache=True)
 def _packed_rows(C, A, Bp, Ap, i0, i1):
     """C[i0:i1] = A[i0:i1] @ B, with B already packed (Bp) and Ap a scratch block for this task's A."""
     K = A.shape[1]
-    C[i0:i1, :] = 0.0
     na = (i1 - i0 + PMR - 1) // PMR  # A slivers in this block
     for kb in range(Bp.shape[0]):
         k0 = kb * PKC
@@ -532,22 +535,22 @@ def _packed_rows(C, A, Bp, Ap, i0, i1):
                         dst[p] = src[p]
                 else:
                     dst[:kc] = 0.0
-        for sj in range(Bp.shape[1]):  # one B sliver (12 KiB) stays in L1 ...
+        for sj in range(Bp.shape[1]):  # one B sliver (24 KiB) stays in L1 ...
             b = Bp[kb, sj]
             for si in range(na):  # ... while the A slivers stream past it from L2
-                _micro_4x6(C, Ap[si], b, kc, i0 + si * PMR, sj * PNR)
+                _micro_4x6(C, Ap[si], b, kc, i0 + si * PMR, sj * PNR, kb > 0)
 
 
 def _packed_buffers(A, B):
     K, N = B.shape
     nkb = (K + PKC - 1) // PKC
-    return np.empty((nkb, (N + PNR - 1) // PNR, PNR, PKC), dtype=B.dtype)
+    return np.empty((nkb, (N + PNR - 1) // PNR, PNR, PKC + PPAD), dtype=B.dtype)
 
 
 @njit(fastmath=True, cache=True)
 def _gemm_packed(C, A, Bp):
     M = A.shape[0]
-    Ap = np.empty((PMC // PMR, PMR, PKC), dtype=A.dtype)
+    Ap = np.empty((PMC // PMR, PMR, PKC + PPAD), dtype=A.dtype)
     for i0 in range(0, M, PMC):
         _packed_rows(C, A, Bp, Ap, i0, min(i0 + PMC, M))
 
@@ -556,11 +559,12 @@ def _gemm_packed(C, A, Bp):
 def gemm_packed(C, A, B):
     """Packing and a 4x6 micro-kernel: A and B copied into the order the micro-kernel reads them.
 
-    B is copied once into 6-column slivers (each 512-deep block of a sliver is 6 contiguous rows of k,
-    zero-padded past N), and each 64 x 512 block of A into 4-row slivers just before use. The micro-kernel
-    then reads two contiguous blocks (8 + 12 KiB, in L1/L2) and keeps a 4x6 tile of C in 24 ymm registers:
-    24 FMAs per 10 loads instead of rung 5's 16 per 8, and no scalar edge code (padding). Predicted:
-    ~1.3x rung 5 on one core, close to the core's 256-bit FMA peak (~110 GFLOP/s here)."""
+    B is copied once into 6-column slivers (each 1024-deep block of a sliver is 6 contiguous rows of k,
+    zero-padded past N), and each 64 x 1024 block of A into 4-row slivers just before use. The micro-kernel
+    then reads two contiguous blocks (16 KiB of A from L2, 24 KiB of B kept in L1) and keeps a 4x6 tile of C
+    in 24 ymm registers: 24 FMAs per 10 loads instead of rung 5's 16 per 8, and no scalar edge code (zero
+    padding). Predicted: ~1.3x rung 5 on one core, ~90 % of the core's 256-bit FMA peak (2 FMA x 8 floats x
+    2 FLOPs per cycle: ~115 GFLOP/s at 3.6 GHz)."""
     Bp = _packed_buffers(A, B)
     _pack_b(Bp, B)
     _gemm_packed(C, A, Bp)
@@ -571,7 +575,7 @@ def _gemm_packed_par(C, A, Bp):
     M = A.shape[0]
     nb = (M + PMC - 1) // PMC
     for ib in prange(nb):  # each task owns PMC rows of C and packs its own block of A
-        Ap = np.empty((PMC // PMR, PMR, PKC), dtype=A.dtype)
+        Ap = np.empty((PMC // PMR, PMR, PKC + PPAD), dtype=A.dtype)
         i0 = ib * PMC
         _packed_rows(C, A, Bp, Ap, i0, min(i0 + PMC, M))
 
@@ -582,7 +586,7 @@ def gemm_packed_par(C, A, B):
 
     Rung 7 with prange over 64-row blocks of C; each task packs its own A block, all share the packed B.
     Predicted: ~2x rung 7 on 2 cores, about 200 GFLOP/s: ~65 % of OpenBLAS, whose hand-written kernel
-    uses 512-bit zmm registers, twice the 256-bit width LLVM chooses for Numba on this CPU."""
+    uses 512-bit zmm registers, twice the 256-bit width LLVM gives Numba's loops on this CPU."""
     Bp = _packed_buffers(A, B)
     _pack_b_par(Bp, B)
     _gemm_packed_par(C, A, Bp)
