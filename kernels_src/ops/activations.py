@@ -296,8 +296,8 @@ CPU_PAR_TEMPLATES = {1: cpu_pmap1, 2: cpu_pmap2}
 
 PRANGE_DOC = """The rung-1 loop split over the cores with prange; the scalar `{f}` still calls libm once per
     element. {pred}"""
-PRANGE_PRED = {True: "Rung 1 is bound by those calls (~4 ns per element), so predicted: x cores faster (2x on 2 "
-                     "cores), still well under copy bandwidth.",
+PRANGE_PRED = {True: "Rung 1 is bound by those calls (a few ns per element), so predicted: as many times faster "
+                     "as there are cores (2x on 2 cores), still well under copy bandwidth.",
                False: "No libm call here: rung 1 already streams near one core's bandwidth, so predicted: only "
                       "what a second core adds to the bandwidth (<= 1.5x)."}
 SIMD_DOC = """Rung 2 with `{f}` compiled against the vectorizable math (cpumath's exp_f32{erfc}, inlined) instead
