@@ -47,6 +47,10 @@ Ladder (forward; op ``attention``)
   cpu/online       rung 2   one query row at a time, online softmax over the keys: O(D) extra memory
   cpu/prange       rung 3   rung 2 with (b, h, row block) spread over the cores
   cpu/blocked      rung 4   16 query rows x 64-key tiles: each K/V tile is reused by 16 rows from cache
+  cpu/simd         rung 5   rung 4 in SIMD: score and P V tiles register-blocked 2 rows x 4 keys, the
+                            exp from cpumath (no libm call), the tile max an integer max
+  cpu/numpy        baseline the formula with NumPy matmuls in float32 (the S x T scores materialized)
+  cpu/torch        baseline torch.nn.functional.scaled_dot_product_attention on the CPU
   gpu/three_kernels rung 1  scores (tiled GEMM) -> DRAM -> softmax -> DRAM -> P V (tiled GEMM)
   gpu/row          rung 2   one block per query row, online softmax: no S x T buffer at all
   gpu/flash        rung 3   Br x Bc flash tiling, running max/sum/unnormalized O in registers
@@ -80,7 +84,8 @@ from .. import device
 from ..device import ceil_div
 from ..registry import define_op, register
 from .reductions import FAST_MATH, NEG_INF, ONE, ZERO, block_max_smem, block_sum_smem, torch_gpu, torch_view
-from .softmax import block_online_smem
+from .cpu_baselines import torch_cpu, tviews
+from .softmax import CPU_FAST, block_online_smem, exp_nonpos, row_max_simd
 
 MASKS = {0: "none", 1: "causal", 2: "padding", 3: "causal+padding"}
 
@@ -478,6 +483,166 @@ def attention_blocked_cpu(o, lse, q, k, v, kv_len, causal):
     K and V are read from memory S/16 times instead of S times. At small S everything fits in cache
     anyway, so predict a modest gain (~1.2-1.5x rung 3) from the cheaper rescaling and reuse."""
     _blocked_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+BR_SIMD, BC_SIMD = 16, 64  # both even / multiples of 4: the tile loops below take rows in pairs, keys in fours
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=CPU_FAST)
+def _simd_cpu(o, lse, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    g = H // k.shape[1]
+    scale = np.float32(1.0 / math.sqrt(D))
+    nblk = (S + BR_SIMD - 1) // BR_SIMD
+    for t in prange(B * H * nblk):  # (b, h, block of 16 query rows): independent tasks
+        b = t // (H * nblk)
+        h = (t // nblk) % H
+        hk = h // g
+        r0 = (t % nblk) * BR_SIMD
+        nr = min(S, r0 + BR_SIMD) - r0
+        nr2 = nr + (nr & 1)  # rows in pairs; a padding row has q = 0 and p = 0
+        m = np.full(BR_SIMD, -np.inf, dtype=np.float32)
+        s = np.zeros(BR_SIMD, dtype=np.float32)
+        acc = np.zeros((BR_SIMD, D), dtype=np.float32)
+        sc = np.zeros((BR_SIMD, BC_SIMD), dtype=np.float32)
+        qs = np.zeros((BR_SIMD, D), dtype=np.float32)
+        for r in range(nr):
+            for d in range(D):
+                qs[r, d] = q[b, h, r0 + r, d] * scale
+        last = min(kv_len[b], r0 + nr - 1 + T - S + 1) if causal else kv_len[b]  # keys any row of the block sees
+        for j0 in range(0, max(last, 0), BC_SIMD):
+            w = min(last, j0 + BC_SIMD) - j0
+            jl = j0 + w - 1  # key indices past the tile are clamped to its last key (their p is 0)
+            for r in range(0, nr2, 2):  # scores: 2 rows x 4 keys, 8 dots over D in 8 vector registers
+                for jj in range(0, w, 4):
+                    ja = j0 + jj
+                    jb, jc, jd = min(ja + 1, jl), min(ja + 2, jl), min(ja + 3, jl)
+                    x0 = x1 = x2 = x3 = x4 = x5 = x6 = x7 = np.float32(0.0)
+                    for d in range(D):  # 6 loads feed 8 FMAs
+                        qa, qb = qs[r, d], qs[r + 1, d]
+                        ka, kb, kc, kd = k[b, hk, ja, d], k[b, hk, jb, d], k[b, hk, jc, d], k[b, hk, jd, d]
+                        x0 += qa * ka
+                        x1 += qa * kb
+                        x2 += qa * kc
+                        x3 += qa * kd
+                        x4 += qb * ka
+                        x5 += qb * kb
+                        x6 += qb * kc
+                        x7 += qb * kd
+                    sc[r, jj], sc[r, jj + 1], sc[r, jj + 2], sc[r, jj + 3] = x0, x1, x2, x3
+                    sc[r + 1, jj], sc[r + 1, jj + 1], sc[r + 1, jj + 2], sc[r + 1, jj + 3] = x4, x5, x6, x7
+            w4 = (w + 3) // 4 * 4
+            for r in range(nr2):  # online softmax of each row's tile, p written over its scores
+                i = r0 + r
+                n = (min(j0 + w, i + T - S + 1) if causal else j0 + w) - j0 if r < nr else 0
+                if n <= 0:  # no visible key in this tile: p = 0, nothing rescaled
+                    for jj in range(w4):
+                        sc[r, jj] = 0.0
+                    continue
+                srow = sc[r, :n]
+                mt = max(m[r], row_max_simd(srow))
+                a = exp_nonpos(m[r] - mt)  # rescale of what came before (0 at the first tile: m = -inf)
+                st = np.float32(0.0)
+                for jj in range(n):  # exp_f32 in SIMD, the sum in vector lanes
+                    p = exp_nonpos(srow[jj] - mt)
+                    srow[jj] = p
+                    st += p
+                for jj in range(n, w4):
+                    sc[r, jj] = 0.0
+                for d in range(D):
+                    acc[r, d] *= a
+                s[r] = s[r] * a + st
+                m[r] = mt
+            for r in range(0, nr2, 2):  # acc += P V: 2 rows x 4 keys per sweep over D (4 loads of v, 8 FMAs)
+                for jj in range(0, w, 4):
+                    ja = j0 + jj
+                    jb, jc, jd = min(ja + 1, jl), min(ja + 2, jl), min(ja + 3, jl)
+                    pa0, pa1, pa2, pa3 = sc[r, jj], sc[r, jj + 1], sc[r, jj + 2], sc[r, jj + 3]
+                    pb0, pb1, pb2, pb3 = sc[r + 1, jj], sc[r + 1, jj + 1], sc[r + 1, jj + 2], sc[r + 1, jj + 3]
+                    for d in range(D):
+                        va, vb, vc, vd = v[b, hk, ja, d], v[b, hk, jb, d], v[b, hk, jc, d], v[b, hk, jd, d]
+                        acc[r, d] += pa0 * va + pa1 * vb + pa2 * vc + pa3 * vd
+                        acc[r + 1, d] += pb0 * va + pb1 * vb + pb2 * vc + pb3 * vd
+        for r in range(nr):
+            i = r0 + r
+            if s[r] > 0:
+                inv = np.float32(1.0) / s[r]
+                for d in range(D):
+                    o[b, h, i, d] = acc[r, d] * inv
+                lse[b, h, i] = m[r] + np.log(s[r])
+            else:  # no visible key: O = 0, L = -inf
+                for d in range(D):
+                    o[b, h, i, d] = 0.0
+                lse[b, h, i] = -np.inf
+
+
+@register("attention", "cpu", "simd", rung=5)
+def attention_simd_cpu(o, lse, q, k, v, kv_len, causal):
+    """Rung 4 with every inner loop in SIMD and register-blocked. Rung 4 computes one score at a time (a dot
+    over D, then a horizontal sum) and calls libm's expf per score. Here a 16-row x 64-key tile of scores
+    is computed 2 rows x 4 keys at a time: 8 dot products over D share 6 vector loads per step and stay in 8
+    vector registers (14 of the 16 AVX2 registers); the exps are chapter 8's exp_f32 (no libm call), the tile
+    max an integer max; P V runs 2 rows x 4 keys per sweep over D (4 loads of V feed 8 FMAs). Predicted:
+    ~60 % of the FMA units' 256-bit peak in the two tile products, ~2x rung 4 at 1 x 4 x 256 x 256 x 64,
+    close to torch's SDPA with a causal mask."""
+    _simd_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+def _numpy_attention(q, k, v, kv_len, causal):
+    g = q.shape[1] // k.shape[1]
+    kk = np.repeat(k, g, axis=1) if g > 1 else k
+    vv = np.repeat(v, g, axis=1) if g > 1 else v
+    sc = np.matmul(q, kk.transpose(0, 1, 3, 2)) * np.float32(1.0 / math.sqrt(q.shape[3]))
+    sc = np.where(visible(q.shape[2], k.shape[2], kv_len, causal), sc, np.float32(-np.inf))
+    m = sc.max(axis=-1, keepdims=True)
+    e = np.exp(sc - m)
+    s = e.sum(axis=-1, keepdims=True)
+    return np.matmul(e / s, vv), (m + np.log(s))[..., 0]
+
+
+@register("attention", "cpu", "numpy", baseline=True,
+          edge_exempt="the formula a student writes gives 0/0 = NaN on a fully masked row")
+def attention_numpy_cpu(o, lse, q, k, v, kv_len, causal):
+    """The formula with NumPy in float32: scores by batched matmul (BLAS), a where for the masks, the softmax,
+    P V by batched matmul; the S x T scores and probabilities materialized. Results copied into O and L."""
+    oo, ll = _numpy_attention(q, k, v, kv_len, causal)
+    np.copyto(o, oo)
+    np.copyto(lse, ll)
+
+
+def _torch_mask_cpu(kv_len, S, T, causal):
+    """None when SDPA's is_causal flag says it all (no padding; causal only with S = T), else a bool mask."""
+    import torch
+
+    if (np.asarray(kv_len) >= T).all() and (not causal or S == T):
+        return None
+    return torch.from_numpy(visible(S, T, kv_len, causal))
+
+
+@register("attention", "cpu", "torch", baseline=True, requires=torch_cpu)
+def attention_torch_cpu(o, lse, q, k, v, kv_len, causal):
+    """torch.nn.functional.scaled_dot_product_attention on the CPU (its flash-attention CPU kernel for float32),
+    with the op's masks and the default scale 1/sqrt(D). O is copied into o (SDPA has no out=). SDPA does not
+    return L, so for ``kernels check`` L is computed with extra torch work (logsumexp of the masked scores)
+    and fully masked rows are zeroed; with KERNELS_SDPA_O_ONLY=1 (benchmarks) that extra work is skipped."""
+    import torch
+    import torch.nn.functional as F
+
+    to, tl, tq, tk, tv = tviews(o, lse, q, k, v)
+    S, T = q.shape[2], k.shape[2]
+    mask = _torch_mask_cpu(kv_len, S, T, causal)
+    out = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, is_causal=bool(causal) and mask is None,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    if O_ONLY:
+        to.copy_(out)
+        return
+    g = q.shape[1] // k.shape[1]
+    kk = tk.repeat_interleave(g, dim=1) if g > 1 else tk
+    sc = torch.matmul(tq, kk.transpose(-1, -2)) / math.sqrt(q.shape[3])
+    vis = torch.from_numpy(visible(S, T, kv_len, causal))
+    torch.logsumexp(sc.masked_fill(~vis, -math.inf), dim=-1, out=tl)
+    to.copy_(torch.where(torch.isinf(tl)[..., None], 0.0, out))
 
 
 @njit(cache=True, error_model="numpy", fastmath=FAST_MATH)
