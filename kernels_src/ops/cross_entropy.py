@@ -246,14 +246,16 @@ def _ce_simd_prange(loss, lse, x, t):
                 for j in range(xc.size):  # 8 exps per instruction, 8 partial sums in one register
                     sc += exp_nonpos(xc[j] - m)
                 s += sc
-        ls = m + np.float32(math.log(s)) if s > 0.0 else np.float32(-np.inf)
+        # once per row, in float64: lse of logits ~1e4 rounded to float32 is off by up to 5e-4, and the loss
+        # lse - x[t] (a few units) would inherit all of it
+        ls = np.float64(m) + math.log(np.float64(s)) if s > 0.0 else -np.inf
         lse[i] = ls
         if t[i] < 0:
             loss[i] = 0.0
         elif ls == -np.inf:
             loss[i] = np.inf
         else:
-            loss[i] = ls - x[i, t[i]]
+            loss[i] = ls - np.float64(x[i, t[i]])
 
 
 @register("cross_entropy", "cpu", "simd_prange", rung=3)
@@ -269,12 +271,14 @@ def cross_entropy_simd_prange(loss, lse, logits, targets):
 
 @register("cross_entropy", "cpu", "numpy", baseline=True)
 def cross_entropy_numpy(loss, lse, logits, targets):
-    """The NumPy formula in float32: lse = max + log(sum(exp(x - max))), loss = lse - x[t], 0 where t < 0.
-    Temporaries: x - max and its exp, M x V floats each."""
+    """The NumPy formula in float32: lse = max + log(sum(exp(x - max))), loss = lse - x[t], 0 where t < 0
+    (the last two per row in float64, as every rung does). Temporaries: x - max and its exp, M x V floats."""
     m = logits.max(axis=1, keepdims=True)
-    lse[:] = (m + np.log(np.exp(logits - m).sum(axis=1, keepdims=True)))[:, 0]
+    s = np.exp(logits - m).sum(axis=1)
+    ls = m[:, 0].astype(np.float64) + np.log(s.astype(np.float64))  # per row in float64: see rung 3
+    lse[:] = ls
     xt = logits[np.arange(logits.shape[0]), np.maximum(targets, 0)]
-    np.copyto(loss, np.where(targets >= 0, lse - xt, np.float32(0.0)))
+    np.copyto(loss, np.where(targets >= 0, ls - xt, 0.0))
 
 
 @register("cross_entropy", "cpu", "torch", baseline=True, requires=torch_cpu)
