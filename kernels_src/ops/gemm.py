@@ -373,7 +373,7 @@ def gemm_regblock_par(C, A, B):
 # Numba can keep an accumulator in a register only as a scalar that a vectorised loop reduces into (a local
 # array stays in memory: LLVM cannot prove it is not aliased by A or B). So the micro-kernel is rung 5's dot
 # products grown to the register file: MR x NR = 4 x 6 = 24 running sums, each a 256-bit ymm register of 8
-# partial sums along k. AVX-512 gives 32 ymm registers: 24 sums + 4 rows of A + 1 row of B = 29 fit, and
+# partial sums along k. AVX-512 gives 32 ymm registers: 24 sums + 6 vectors of B + 1 of A at a time = 31, and
 # each step of 8 k-values does 24 FMAs for 10 loads (rung 5: 16 for 8). 4 x 7 (28 sums) runs out of registers
 # and measured slower. Why not 512-bit zmm registers (16 floats)? LLVM's vectorisers cap themselves at 256 bits on
 # this Intel core (its tuning flag prefer-256-bit), and Numba offers no per-function way to lift that.
