@@ -37,17 +37,6 @@ def cpu_dispatcher_type():
     return CPUDispatcher
 
 
-def recompile_uncached(dispatcher) -> None:
-    """Make ``dispatcher`` compile afresh instead of loading from Numba's on-disk cache (whose code cannot be
-    inspected), dropping what it already loaded from there."""
-    from numba.core.caching import NullCache
-
-    if dispatcher.signatures and not dispatcher.stats.cache_misses and dispatcher.stats.cache_hits:
-        dispatcher.overloads.clear()
-        dispatcher._cache_hits.clear()  # noqa: SLF001
-    dispatcher._cache = NullCache()  # noqa: SLF001
-
-
 def using_svml() -> bool:
     """Whether Numba vectorizes math calls with Intel's SVML (it needs an SVML-patched llvmlite and the library)."""
     try:

@@ -103,9 +103,10 @@ def _dispatchers(fn, seen=None) -> list:
     return out
 
 
-def variant_asm(op_name: str, variant: str, size=None, dtype: str = "float32") -> dict:
-    """Compile one CPU variant (by running it on ``size``, default the op's smallest bench size) and count the
-    instructions of every Numba function it calls."""
+def _variant_asm_here(op_name: str, variant: str, size=None, dtype: str = "float32") -> dict:
+    """Compile one CPU variant in this process (by running it on ``size``, default the op's largest check size)
+    and count the instructions of every Numba function it calls. Code Numba loaded from its on-disk cache
+    cannot be inspected, which is why :func:`variant_asm` runs this in a child with an empty cache."""
     from ..parity import as_tuple, empty_outputs, reference_outputs
     from ..registry import get_op, get_variant
 
@@ -114,14 +115,9 @@ def variant_asm(op_name: str, variant: str, size=None, dtype: str = "float32") -
     size = tuple(size or op.sizes["check"][-1])
     inputs = as_tuple(op.make_inputs(size, np.dtype(dtype), np.random.default_rng(0)))
     outs = [np.empty_like(o) for o in empty_outputs(reference_outputs(op, inputs), dtype)]
-    found = _dispatchers(v.fn)
-    from ..compiler import recompile_uncached
-
-    for d in found:  # code loaded from Numba's on-disk cache cannot be inspected: compile afresh
-        recompile_uncached(d)
     v.fn(*outs, *inputs)
     funcs = {}
-    for d in found:
+    for d in _dispatchers(v.fn):
         irs = d.inspect_llvm()
         for sig, text in d.inspect_asm().items():
             funcs[f"{d.py_func.__name__}{tuple(str(t) for t in sig)}".replace("'", "")] = classify(text, irs.get(sig, ""))
@@ -134,16 +130,51 @@ def variant_asm(op_name: str, variant: str, size=None, dtype: str = "float32") -
             "baseline": v.baseline}
 
 
-def op_asm(op_name: str, variants=None, size=None) -> dict:
-    from ..bench import environment
+def _course_rungs(op_name: str) -> list[str]:
     from ..registry import get_op
 
-    op = get_op(op_name)
-    chosen = [v.name for v in op.variants if v.backend == "cpu" and not v.baseline
-              and (not variants or v.name in variants)]
+    return [v.name for v in get_op(op_name).variants if v.backend == "cpu" and not v.baseline]
+
+
+_RESULTS: dict = {}  # (op, size, dtype) -> {variant: counts}: one child per op and size
+
+
+def _in_child(op_name: str, size, dtype: str) -> dict:
+    """Every course CPU rung of ``op_name``, counted in a fresh Python process whose Numba cache is empty."""
+    import os
+    import subprocess
+    import tempfile
+
+    from ..paths import ROOT
+
+    with tempfile.TemporaryDirectory(prefix="kernels-asm-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "KERNELS_DEVICE": "cpu",
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        cmd = [sys.executable, "-m", "kernels_src.tools.asm", op_name, dtype] + (["x".join(map(str, size))] if size else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kernels asm {op_name}: the child failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def variant_asm(op_name: str, variant: str, size=None, dtype: str = "float32") -> dict:
+    """Instruction counts of one CPU rung (see the module's docstring). The op's rungs are compiled together in
+    a child process with an empty Numba cache, once per op and size; later calls reuse the result."""
+    if variant not in _course_rungs(op_name):
+        raise KeyError(f"{op_name}/cpu has no course rung {variant!r}; known: {_course_rungs(op_name)}")
+    key = (op_name, tuple(size) if size else None, dtype)
+    if key not in _RESULTS:
+        _RESULTS[key] = _in_child(op_name, size, dtype)
+    return _RESULTS[key][variant]
+
+
+def op_asm(op_name: str, variants=None, size=None) -> dict:
+    from ..bench import environment
+
+    chosen = [n for n in _course_rungs(op_name) if not variants or n in variants]
     if variants and set(variants) - set(chosen):
         raise KeyError(f"{op_name}/cpu has no variant(s) {sorted(set(variants) - set(chosen))}; known: "
-                       f"{[v.name for v in op.variants if v.backend == 'cpu' and not v.baseline]}")
+                       f"{_course_rungs(op_name)}")
     return {"op": op_name, "meta": environment(), "rows": [variant_asm(op_name, n, size) for n in chosen]}
 
 
@@ -187,3 +218,9 @@ def cmd_asm(args) -> int:
 
         print(f"wrote {save_json(res, args.json)}")
     return 0
+
+
+if __name__ == "__main__":  # the child of _in_child: python -m kernels_src.tools.asm OP DTYPE [SIZE]
+    _op, _dtype = sys.argv[1], sys.argv[2]
+    _size = tuple(int(p) for p in sys.argv[3].split("x")) if len(sys.argv) > 3 else None
+    print(json.dumps({n: _variant_asm_here(_op, n, _size, _dtype) for n in _course_rungs(_op)}))

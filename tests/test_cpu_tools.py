@@ -1,0 +1,126 @@
+"""The CPU path's tools: the scoreboard's arithmetic (kernels cpuboard), the instruction counter (kernels asm),
+the torch-on-the-CPU requirement, and the per-machine folder the book reads."""
+import json
+
+import numpy as np
+import pytest
+
+from kernels_src import bench
+from kernels_src.tools import asm, cpuboard
+
+
+def _row(variant, s, baseline=False, size=(64,), rung=1):
+    return {"variant": variant, "rung": rung, "baseline": baseline, "size": list(size),
+            "size_label": "x".join(map(str, size)), "median_s": s, "q1_s": s, "q3_s": s, "gbps": 1.0,
+            "gflops": 1.0, "frac_copy_bw": 0.5}
+
+
+def test_summary_takes_the_fastest_course_rung_at_the_largest_size():
+    res = {"op": "axpy", "kind": "memory", "rows": [
+        _row("loop", 1.0, size=(8,)), _row("prange", 9.0), _row("loop", 4.0), _row("numpy", 2.0, True),
+        _row("torch", 8.0, True), _row("numpy", 0.1, True, size=(8,))]}
+    s = cpuboard.summarize(res)
+    assert s["best"] == "loop" and s["size"] == [64]  # not the faster row at the smaller size
+    assert s["vs_numpy"] == pytest.approx(0.5) and s["vs_torch"] == pytest.approx(2.0)
+
+
+def test_summary_says_why_a_yardstick_is_missing():
+    res = {"op": "axpy", "kind": "memory", "rows": [
+        _row("loop", 1.0), {"variant": "torch", "size": [64], "size_label": "64", "skipped": "torch is not installed"}]}
+    s = cpuboard.summarize(res)
+    assert s["vs_torch"] is None and s["torch_why"] == "torch is not installed"
+    assert s["numpy_why"] == "no such baseline registered"
+
+
+def test_board_runs_end_to_end_and_a_partial_run_keeps_other_rows(tmp_path):
+    board = cpuboard.run(["axpy"], tmp_path, again=True, progress=False)
+    (r,) = board["rows"]
+    assert r["op"] == "axpy" and r["best_s"] > 0 and r["best_s_run2"] > 0 and "run_spread" in r
+    assert (tmp_path / "axpy_cpu.json").exists()
+    cpuboard.run(["copy"], tmp_path, progress=False)
+    ops = [x["op"] for x in json.loads((tmp_path / "cpuboard.json").read_text())["rows"]]
+    assert ops == ["axpy", "copy"]
+    assert "axpy" in cpuboard.format_board(board)
+    with pytest.raises(KeyError):
+        cpuboard.board_ops(["no_such_op"])
+
+
+def test_classify_counts_by_kind_and_width():
+    text = """
+\tvfmadd231ps\t%ymm1, %ymm2, %ymm3
+\tvfmadd231ps\t%zmm1, %zmm2, %zmm3
+\tvaddps\t%xmm1, %xmm2, %xmm3
+\tvmulss\t%xmm0, %xmm1, %xmm1
+\tvmovups\t(%rax), %ymm0
+\tvpmaddwd\t%ymm1, %ymm2, %ymm3
+\taddq\t$8, %rax
+"""
+    ir = "  %5 = call float @llvm.exp.f32(float %4)\n  %9 = call <8 x float> @llvm.exp.v8f32(<8 x float> %8)\n"
+    c = asm.classify(text, ir)
+    assert c["packed_fp"] == {"128bit": 1, "256bit": 1, "512bit": 1} and c["widest_fp_bits"] == 512
+    assert c["scalar_fp"] == 1 and c["packed_int_total"] == 1  # moves are not arithmetic
+    assert c["calls"] == {"llvm.exp.f32": 1, "llvm.exp.v8f32": 1}
+
+
+def test_asm_of_a_registered_rung():
+    r = asm.variant_asm("axpy", "prange", size=(1000,))
+    assert r["functions"] and r["total"]["packed_fp_total"] + r["total"]["scalar_fp"] > 0
+
+
+def test_torch_rows_are_skipped_with_a_reason_when_torch_is_missing(monkeypatch):
+    import builtins
+
+    from kernels_src.ops import cpu_baselines
+
+    real = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("No module named 'torch'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    monkeypatch.setattr(cpu_baselines, "_state", {})
+    ok, why = cpu_baselines.torch_cpu()
+    assert not ok and "pip install torch" in why
+
+
+def test_cpu_results_are_filed_by_machine():
+    assert bench.cpu_slug("AMD EPYC 7B13 64-Core Processor", 2) == "amd-epyc-7b13-64-core-processor-2c"
+    assert bench.cpu_slug("Intel(R) Xeon(R) Processor", 2) == "intel-xeon-processor-2c"
+    env = bench.environment()
+    assert env["cpu_model"] and env["cpu_count"] >= 1 and isinstance(env["simd"], list)
+
+
+def test_the_book_reads_the_cpu_machine_folder_first(tmp_path, monkeypatch):
+    from kernels_src import plots
+
+    machine = tmp_path / "cpu" / "m-2c"
+    machine.mkdir(parents=True)
+    res = {"op": "axpy", "simulated": False, "rows": [], "meta": {"tag": "machine"}}
+    (machine / "axpy_cpu.json").write_text(json.dumps(res))
+    (tmp_path / "axpy_cpu.json").write_text(json.dumps({**res, "meta": {"tag": "root"}}))
+    monkeypatch.setattr(plots, "DATA", tmp_path)
+    monkeypatch.setattr(plots, "CPU_BENCH_DATA", machine)
+    assert plots.load_bench("axpy_cpu")["meta"]["tag"] == "machine"
+    (machine / "axpy_cpu.json").unlink()
+    assert plots.load_bench("axpy_cpu")["meta"]["tag"] == "root"
+
+
+def test_scoreboard_figure_and_table():
+    from kernels_src.figures import cpu as cpufig
+
+    board = {"meta": {"cpu_model": "X", "cpu_count": 2, "simd": []}, "peaks": {"copy_gbps": 10.0}, "rows": [
+        {"op": "axpy", "kind": "memory", "size_label": "64", "best": "prange", "best_s": 1e-3, "vs_numpy": 1.5,
+         "vs_torch": 0.5, "frac_copy": 0.8, "run_spread": 0.02},
+        {"op": "gemm", "kind": "compute", "size_label": "8x8x8", "best": "packed", "best_s": 2e-3, "vs_numpy": 0.9,
+         "vs_torch": None, "frac_copy": None}]}
+    g = cpufig.goals(board)
+    assert (g["beat_torch"], g["with_torch"], g["beat_numpy"], g["with_numpy"]) == (0, 1, 1, 2)
+    assert g["copy70"] == 1 and g["behind_torch"] == ["axpy"]
+    table = cpufig.board_table(board)
+    assert "**1.50×**" in table and "0.50×" in table and "80 %" in table
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert cpufig.board_plot(board) is not None
