@@ -51,6 +51,23 @@ def axpy_numpy(out, a, x, y):
     out += y
 
 
+def _torch_cpu():
+    from .cpu_baselines import torch_cpu
+
+    return torch_cpu()
+
+
+@register("axpy", "cpu", "torch", baseline=True, requires=_torch_cpu)
+def axpy_torch_cpu(out, a, x, y):
+    """torch on the CPU: ``torch.add(y, x, alpha=a, out=out)``, one fused pass (3n elements)."""
+    import torch
+
+    from .cpu_baselines import tviews
+
+    to, tx, ty = tviews(out, x, y)
+    torch.add(ty, tx, alpha=float(a), out=to)
+
+
 @njit(cache=True)
 def _axpy_loop(out, a, x, y):
     for i in range(out.size):

@@ -104,6 +104,15 @@ def gemv_numpy(y, x, W):
     np.dot(x, W, out=y)
 
 
+@register("gemv", "cpu", "torch", baseline=True, requires=torch_cpu)
+def gemv_torch_cpu(y, x, W):
+    """torch on the CPU: ``torch.matmul(x, W, out=y)`` (its BLAS GEMV)."""
+    import torch
+
+    ty, tx, tW = tviews(y, x, W)
+    torch.matmul(tx, tW, out=ty)
+
+
 @njit(fastmath=True, cache=True)
 def _colorder(y, x, W):
     K, N = W.shape

@@ -123,6 +123,23 @@ def sum_numpy(out, x):
     out[0] = np.sum(x)
 
 
+def _torch_cpu():
+    from .cpu_baselines import torch_cpu
+
+    return torch_cpu()
+
+
+@register("reduce_sum", "cpu", "torch", baseline=True, requires=_torch_cpu)
+def sum_torch_cpu(out, x):
+    """torch on the CPU: ``torch.sum`` (vectorised, multi-threaded), written into out."""
+    import torch
+
+    from .cpu_baselines import tviews
+
+    to, tx = tviews(out, x)
+    torch.sum(tx, dim=0, keepdim=True, out=to)
+
+
 @njit(cache=True)
 def sum_naive(x):
     acc = np.float32(0.0)  # the accumulator is float32, like the data
@@ -216,6 +233,17 @@ def sum_f64acc_cpu(out, x):
 def max_numpy(out, x):
     """NumPy's max, vectorised."""
     out[0] = np.max(x)
+
+
+@register("reduce_max", "cpu", "torch", baseline=True, requires=_torch_cpu)
+def max_torch_cpu(out, x):
+    """torch on the CPU: ``torch.amax``, written into out."""
+    import torch
+
+    from .cpu_baselines import tviews
+
+    to, tx = tviews(out, x)
+    torch.amax(tx, dim=0, keepdim=True, out=to)
 
 
 @njit(cache=True)
