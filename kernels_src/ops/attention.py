@@ -544,7 +544,7 @@ def _simd_cpu(o, lse, q, k, v, kv_len, causal):
                 mt = max(m[r], row_max_simd(srow))
                 a = exp_nonpos(m[r] - mt)  # rescale of what came before (0 at the first tile: m = -inf)
                 st = np.float32(0.0)
-                for jj in range(n):  # exp_f32 in SIMD, the sum in vector lanes
+                for jj in range(n):  # chapter 8's SIMD exp, the sum in vector lanes
                     p = exp_nonpos(srow[jj] - mt)
                     srow[jj] = p
                     st += p
@@ -582,7 +582,7 @@ def attention_simd_cpu(o, lse, q, k, v, kv_len, causal):
     """Rung 4 with every inner loop in SIMD and register-blocked. Rung 4 computes one score at a time (a dot
     over D, then a horizontal sum) and calls libm's expf per score. Here a 16-row x 64-key tile of scores
     is computed 2 rows x 4 keys at a time: 8 dot products over D share 6 vector loads per step and stay in 8
-    vector registers (14 of the 16 AVX2 registers); the exps are chapter 8's exp_f32 (no libm call), the tile
+    vector registers (14 of the 16 AVX2 registers); the exps are chapter 8's exp_nonpos (no libm call), the tile
     max an integer max; P V runs 2 rows x 4 keys per sweep over D (4 loads of V feed 8 FMAs). Predicted:
     ~60 % of the FMA units' 256-bit peak in the two tile products, ~2x rung 4 at 1 x 4 x 256 x 256 x 64,
     close to torch's SDPA with a causal mask."""
