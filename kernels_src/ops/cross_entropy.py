@@ -28,6 +28,7 @@ Backward
   cpu/prange        rung 1  rows over cores, one pass per row, the probability recomputed from lse
   cpu/simd_prange   rung 2  rung 1 with the vectorizable exp: the row loop in SIMD
   cpu/numpy         baseline the NumPy formula (exp(x - lse) - onehot) * dloss
+  cpu/torch         baseline the same formula in torch eager ops (exp with out=)
   gpu/row           rung 1  one block per row, threads stride over the columns: coalesced, no reduction
 Rows whose logits are all -inf have lse = -inf; the reference then defines loss = inf when the row is
 not ignored (the target's probability is 0) and a zero gradient.
@@ -344,6 +345,23 @@ def cross_entropy_bwd_numpy(dlogits, logits, targets, lse, dloss):
     p[rows, targets[keep]] -= 1.0
     p *= np.where(keep, dloss, np.float32(0.0))[:, None]
     np.copyto(dlogits, p)
+
+
+@register("cross_entropy_bwd", "cpu", "torch", baseline=True, requires=torch_cpu)
+def cross_entropy_bwd_torch_cpu(dlogits, logits, targets, lse, dloss):
+    """The formula in torch eager ops on the CPU, as a user with the saved lse writes it (autograd's own
+    backward of F.cross_entropy needs the full log_softmax, which this op never stores):
+    torch.sub(x, lse) then exp into dlogits (out=, no copy), the target entries lowered by 1, the rows scaled
+    by dloss (zero where the target is negative). One temporary of M x V floats (x - lse)."""
+    import torch
+
+    dl, x, ls, dlo = tviews(dlogits, logits, lse, dloss)
+    tg = torch.from_numpy(targets).long()
+    keep = tg >= 0
+    torch.exp(torch.sub(x, ls[:, None]), out=dl)
+    rows = torch.nonzero(keep)[:, 0]
+    dl[rows, tg[rows]] -= 1.0
+    dl.mul_(torch.where(keep, dlo, 0.0)[:, None])
 
 
 # ------------------------------------------------------------------------------------------- GPU
