@@ -34,10 +34,16 @@ def _median(xs) -> float:
 
 
 def time_cpu(fn, args, *, warmup: int = 2, min_time: float = 0.2, min_repeat: int = 5,
-             max_repeat: int = 200) -> list[float]:
-    """Seconds per call for ``fn(*args)``; the first ``warmup`` calls (JIT compile) are not timed."""
-    for _ in range(warmup):
+             max_repeat: int = 200, warmup_time: float = 0.3) -> list[float]:
+    """Seconds per call for ``fn(*args)``. Not timed: the first ``warmup`` calls (JIT compile), and further
+    calls until ``warmup_time`` seconds have passed (at most 100; none when ``warmup`` is 0): torch's CPU kernels take several calls
+    to settle (oneDNN compiles code for a new shape, thread pools wake; its SDPA's first ~10 calls were
+    measured 40-200x slower than the rest), and every contender gets the same treatment."""
+    start = time.perf_counter()
+    done = 0
+    while done < warmup or (warmup and time.perf_counter() - start < warmup_time and done < 100):
         fn(*args)
+        done += 1
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < min_repeat or (time.perf_counter() - start < min_time and len(times) < max_repeat):
@@ -329,6 +335,10 @@ def bench(op_name: str, backend: str = "cpu", *, variants=None, sizes=None, dtyp
     """Time every registered variant of ``op_name`` on ``backend``; return a JSON-able dict."""
     from .registry import get_op
 
+    if backend == "cpu":  # before anything starts Numba's threads (see ops/cpu_baselines.py)
+        from .ops.cpu_baselines import import_torch_first
+
+        import_torch_first()
     op = get_op(op_name)
     chosen = [v for v in op.variants if v.backend == backend and (not variants or v.name in variants)]
     if variants:

@@ -45,3 +45,13 @@ def using_svml() -> bool:
         return bool(config.USING_SVML)
     except Exception:  # noqa: BLE001
         return False
+
+
+def numba_threads_started() -> bool:
+    """Whether Numba has started its parallel (``prange``) thread pool in this process."""
+    try:
+        from numba.np.ufunc import parallel
+
+        return bool(getattr(parallel, "_is_initialized", False))
+    except Exception:  # noqa: BLE001
+        return False

@@ -22,13 +22,39 @@ Op modules register torch rows as::
 """
 from __future__ import annotations
 
+import sys
+
 _state: dict = {}
+
+# Measured on the 2-core machine that builds the book: when Numba's prange thread pool (an OpenMP runtime) is
+# started before torch is imported, torch's CPU kernels run 10-50x slower in that process (SDPA 0.3 ms -> 12-17
+# ms; two OpenMP runtimes on the same cores), and stay slow. Imported first, torch keeps its speed next to
+# Numba's kernels. A torch row measured in such a process would be no yardstick, so it is skipped instead.
+LATE_IMPORT = ("torch was imported after Numba started its thread pool, which makes torch's CPU kernels 10-50x "
+               "slower in this process: import torch first (kernels bench and cpuboard do)")
+
+
+def import_torch_first() -> None:
+    """Import torch, if it is installed, before anything starts Numba's threads (benchmarks call this first)."""
+    if "torch" in sys.modules:
+        return
+    from ..compiler import numba_threads_started
+
+    if not numba_threads_started():
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            pass
 
 
 def torch_cpu() -> tuple[bool, str]:
     """``requires=`` for torch-on-the-CPU baselines: an importable torch (any build), with its thread count
-    set to Numba's so that both sides use the same cores."""
+    set to Numba's so that both sides use the same cores, imported before Numba's thread pool started."""
     if "ok" not in _state:
+        from ..compiler import numba_threads_started
+
+        if "torch" not in sys.modules and numba_threads_started():
+            return False, LATE_IMPORT
         try:
             import torch
         except ImportError:
