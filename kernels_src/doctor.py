@@ -44,6 +44,9 @@ def cpu_lines() -> list[str]:
 
     out = [f"CPU           {cpu_model()}, {os.cpu_count()} cores, Numba uses {get_num_threads()} threads; "
            f"SIMD: {' '.join(simd_flags()) or 'unknown'}"]
+    from . import compiler
+
+    out.append(f"CPU vectors   {compiler.CPU_VECTORS}")
     svml = using_svml()
     out.append("CPU math      " + ("Intel SVML on: Numba vectorizes loops over math.exp/tanh" if svml else
                "no SVML (llvmlite on PyPI is built without it): a loop over math.exp calls the C library once per "
