@@ -45,8 +45,11 @@ def largest_size(result: dict) -> tuple:
 
 
 def device_label(result: dict) -> str:
-    d = result["meta"]["device"]
-    return d.get("name", "?")
+    """The machine a result was measured on: the GPU's name, or for CPU results the CPU model and core count."""
+    m = result["meta"]
+    if result.get("backend") == "cpu" and m.get("cpu_model"):
+        return f"{m['cpu_model']}, {m.get('cpu_count', '?')} cores"
+    return m["device"].get("name", "?")
 
 
 def caption(result: dict) -> str:

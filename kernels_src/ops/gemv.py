@@ -110,7 +110,7 @@ def gemv_torch_cpu(y, x, W):
     import torch
 
     ty, tx, tW = tviews(y, x, W)
-    torch.matmul(tx, tW, out=ty)
+    torch.matmul(tx.view(1, -1), tW, out=ty.view(1, -1))  # (1, K) @ (K, N): out has matmul's shape, no resize
 
 
 @njit(fastmath=True, cache=True)

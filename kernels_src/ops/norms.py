@@ -344,8 +344,10 @@ def rmsnorm_prange(y, rstd, x, gamma):
 # vector registers and adds them at the end (what NumPy's pairwise sum does by hand). The flags below never
 # include "nnan"/"ninf": NaN and inf still propagate as the reference says.
 REASSOC = {"reassoc", "contract", "arcp"}
-_ln_row_simd = njit(cache=True, fastmath=REASSOC)(_ln_row.py_func)
-_rms_row_simd = njit(cache=True, fastmath=REASSOC)(_rms_row.py_func)
+# cache=False: Numba's on-disk cache names an entry by the Python function (file, name, line) and the argument
+# types, not by the fastmath flags, so a cached copy of the same function would hand back rung 2's code here.
+_ln_row_simd = njit(cache=False, fastmath=REASSOC)(_ln_row.py_func)
+_rms_row_simd = njit(cache=False, fastmath=REASSOC)(_rms_row.py_func)
 
 
 @njit(parallel=True, cache=True, fastmath=REASSOC)

@@ -118,7 +118,12 @@ def run(ops_wanted=None, out=None, again: bool = False, progress: bool = True) -
 
             old = load_json(old_path)
             kept = [r for r in old["rows"] if r["op"] not in {x["op"] for x in rows}]
-            board["rows"] = sorted(kept + rows, key=lambda r: r["op"])
+            if kept:  # the board's header stays the full run's; each row keeps the fractions of its own run
+                board["rows"] = sorted(kept + rows, key=lambda r: r["op"])
+                board["meta"], board["peaks"] = old["meta"], old["peaks"]
+                board["reruns"] = old.get("reruns", []) + [{"ops": [r["op"] for r in rows],
+                                                            "date": environment()["date"],
+                                                            "copy_gbps": results[rows[0]["op"]]["peaks"].get("copy_gbps")}]
     save_json(board, out / "cpuboard.json")
     return board
 
