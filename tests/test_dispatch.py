@@ -31,7 +31,7 @@ def _decide(dev, role, M, N, K, table=None):
     ("sim", "gemm_nt", (1, 17, 9), "gemv_wx/gpu/warp_per_row_smem", "gemv"),
     ("sim", "gemm", (33, 17, 9), "gemm/gpu/coalesced", "large"),
     ("cpu", "gemm", (1, 17, 9), "gemv/cpu/prange", "gemv"),
-    ("cpu", "gemm_tn", (512, 1536, 4096), "gemm/cpu/regblock_par", "large"),
+    ("cpu", "gemm_tn", (512, 1536, 4096), "gemm/cpu/packed_par", "large"),
 ])
 def test_decisions_by_shape(dev, role, shape, variant, rule):
     d = _decide(dev, role, *shape)
@@ -104,7 +104,7 @@ def test_unsupported_calls_name_role_shape_and_what_exists():
     assert "attention/gpu/row" in msg
     with pytest.raises(D.UnsupportedCall, match=r"qgemv_q8_0.*K=40.*K a multiple of 32"):
         d.decide("qgemv_q8_0", {"N": 64, "K": 40})
-    with pytest.raises(D.UnsupportedCall, match=r"'gemm'.*float64.*gemm/cpu/regblock_par \(it takes float32"):
+    with pytest.raises(D.UnsupportedCall, match=r"'gemm'.*float64.*gemm/cpu/packed_par \(it takes float32"):
         D.Dispatcher("cpu").pick("gemm", np.empty((3, 5)), np.empty((3, 4)), np.empty((4, 5)))
     with pytest.raises(D.UnsupportedCall, match="no dispatch policy for role 'conv2d'"):
         d.decide("conv2d", {})

@@ -26,7 +26,7 @@ tree; blockDim.x a power of two), ``warp_sum``, ``warp_max``, ``block_sum_shfl``
 import math
 
 import numpy as np
-from ..compiler import cuda, fastmath, float32, njit
+from ..compiler import cuda, fastmath, float32, float32_from_bits, njit, prange
 
 from .. import device
 from ..device import ceil_div, needs_real_gpu
@@ -227,6 +227,83 @@ def sum_f64acc_cpu(out, x):
     realistic n. This is what GPU kernels usually cannot afford (FP64 is slow on most GPUs), which is why
     they rely on tree order instead."""
     out[0] = sum_f64acc(x)
+
+
+# ------------------------------------------------------------------------------------ CPU SIMD reductions
+# A float max does not vectorize: maxss with a NaN operand returns the second operand, so a reordered max could
+# lose a NaN, and LLVM will not reorder it unless told NaN cannot occur. An integer max has no such problem
+# (vpmaxsd, 8 or 16 lanes, no flag needed), and the bits of a float32 can be mapped to an int32 that orders
+# like the float: that is float_key.
+_LOW31 = np.int32(0x7FFFFFFF)
+_KEY_MIN = np.int32(-2147483648)
+
+
+@njit(inline="always", error_model="numpy")
+def float_key(b):
+    """The int32 bits b of a float32 mapped to an int32 that orders like the floats: non-negative floats keep
+    their bits, negative ones (sign bit set) get their 31 magnitude bits flipped. -inf maps below every
+    number, NaN (positive) above +inf. The map is its own inverse."""
+    return np.int32(b ^ ((b >> np.int32(31)) & _LOW31))
+
+
+@njit(inline="always", error_model="numpy")
+def row_max_simd(r):
+    """max of a contiguous float32 vector, as an integer max of float_key over its bits. LLVM vectorizes an
+    integer max reduction with no flag at all (vpmaxsd, 8 lanes); a float max (maxss) it will not vectorize
+    unless told NaN cannot occur. A NaN in r (key above +inf) makes the result NaN, like np.max."""
+    ri = r.view(np.int32)
+    mk = _KEY_MIN
+    for j in range(ri.size):
+        mk = max(mk, float_key(ri[j]))
+    return float32_from_bits(float_key(mk))
+
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def max_simd_prange(x, parts):
+    n = x.size
+    P = parts.size
+    per = (n + P - 1) // P
+    xi = x.view(np.int32)
+    for p in prange(P):  # one contiguous chunk per core, each an integer max (SIMD)
+        mk = _KEY_MIN
+        for j in range(p * per, min(n, (p + 1) * per)):
+            mk = max(mk, float_key(xi[j]))
+        parts[p] = mk
+    m = _KEY_MIN
+    for p in range(P):
+        m = max(m, parts[p])
+    return float32_from_bits(float_key(m))
+
+
+@register("reduce_max", "cpu", "simd_prange", rung=2)
+def max_simd_prange_cpu(out, x):
+    """The max as an integer max over the floats' bits (float_key: vpmaxsd, every lane at once, with NaN
+    ordered above +inf so it still wins), one contiguous chunk per core. Rung 1's maxss is a chain of dependent
+    compares, one element per step. Predicted: memory-bound, >= 70 % of the copy bandwidth."""
+    from ..compiler import get_num_threads
+
+    out[0] = max_simd_prange(x, np.empty(max(1, min(x.size, get_num_threads())), np.int32))
+
+
+SUM_FAST = {"reassoc", "contract"}  # reorder the sum (SIMD lanes, threads); never nnan/ninf
+
+
+@njit(parallel=True, cache=True, fastmath=SUM_FAST)
+def sum_simd_prange(x):
+    acc = 0.0
+    for i in prange(x.size):
+        acc += np.float64(x[i])
+    return np.float32(acc)
+
+
+@register("reduce_sum", "cpu", "simd_prange", rung=5)
+def sum_simd_prange_cpu(out, x):
+    """Rung 4's float64 accumulation (exact enough for any realistic n), with the additions allowed to be
+    reordered (fastmath "reassoc"): each core sums its share in several float64 SIMD lanes, and the partial
+    sums are added at the end. Accuracy stays rung 4's (29 spare bits absorb the new order); rungs 1-4 are one
+    dependent chain of adds, ~1 element per add latency. Predicted: memory-bound, >= 70 % of the copy bandwidth."""
+    out[0] = sum_simd_prange(x)
 
 
 @register("reduce_max", "cpu", "numpy", baseline=True)

@@ -231,28 +231,9 @@ def softmax_online_prange(y, x):
 # a float sum split over 8 lanes adds in another order, so it needs "reassoc". The flags below allow that and
 # nothing about NaN or inf ("nnan"/"ninf" would let LLVM assume -inf never occurs, and masked logits are -inf).
 CPU_FAST = {"reassoc", "nsz", "contract", "arcp"}
-_LOW31 = np.int32(0x7FFFFFFF)
-_KEY_MIN = np.int32(-2147483648)
-
-
-@njit(inline="always", error_model="numpy")
-def float_key(b):
-    """The int32 bits b of a float32 mapped to an int32 that orders like the floats: non-negative floats keep
-    their bits, negative ones (sign bit set) get their 31 magnitude bits flipped. -inf maps below every
-    number, NaN (positive) above +inf. The map is its own inverse."""
-    return np.int32(b ^ ((b >> np.int32(31)) & _LOW31))
-
-
-@njit(inline="always", error_model="numpy")
-def row_max_simd(r):
-    """max of a contiguous float32 vector, as an integer max of float_key over its bits. LLVM vectorizes an
-    integer max reduction with no flag at all (vpmaxsd, 8 lanes); a float max (maxss) it will not vectorize
-    unless told NaN cannot occur. A NaN in r (key above +inf) makes the result NaN, like np.max."""
-    ri = r.view(np.int32)
-    mk = _KEY_MIN
-    for j in range(ri.size):
-        mk = max(mk, float_key(ri[j]))
-    return float32_from_bits(float_key(mk))
+# float_key / row_max_simd (an integer max over the float bits, which LLVM vectorizes with no flag) live in
+# reductions.py beside the other reductions; chapter 8's rung 5 and chapter 7's max rung share them.
+from .reductions import float_key, row_max_simd  # noqa: E402,F401
 
 
 EXP_FLOOR = np.float32(-80.0)  # e^-80 = 1.8e-35: far below any tolerance, far above the subnormals (< 1.2e-38)

@@ -151,10 +151,10 @@ def _tiles(s):
 MATMUL_ROLES = ("gemm", "gemm_nt", "gemm_tn")
 _GEMV = {  # role -> device -> the GEMV for that layout (gemm_tn has none: its M is a feature count)
     "gemm": {"cpu": "gemv/cpu/prange", "gpu": "gemv/gpu/splitk_grid", "sim": "gemv/gpu/splitk"},
-    "gemm_nt": {"cpu": "gemv_wx/cpu/prange", "gpu": "gemv_wx/gpu/warp_per_row_vec4",
+    "gemm_nt": {"cpu": "gemv_wx/cpu/rows4_prange", "gpu": "gemv_wx/gpu/warp_per_row_vec4",
                 "sim": "gemv_wx/gpu/warp_per_row_smem"},
 }
-_LARGE = {"cpu": "gemm/cpu/regblock_par", "gpu": "gemm/gpu/warptile", "sim": "gemm/gpu/coalesced"}
+_LARGE = {"cpu": "gemm/cpu/packed_par", "gpu": "gemm/gpu/warptile", "sim": "gemm/gpu/coalesced"}
 _SPLITK = {"cpu": "", "gpu": "gemm/gpu/splitk", "sim": "gemm/gpu/splitk"}
 
 
@@ -177,17 +177,17 @@ _ROW_D = 192  # the row kernel keeps a (64, D) float32 array in shared memory: 4
 POLICIES: dict[str, list[Rule]] = {
     **{r: _mm_policy(r) for r in MATMUL_ROLES},
     "transpose": [_fixed("transpose/cpu/prange", "transpose/gpu/smem", why="tiled through shared memory (ch 13)")],
-    "rmsnorm": [_fixed("rmsnorm/cpu/loop", "rmsnorm/gpu/regs_shfl", "rmsnorm/gpu/regs",
+    "rmsnorm": [_fixed("rmsnorm/cpu/simd", "rmsnorm/gpu/regs_shfl", "rmsnorm/gpu/regs",
                        why="one row per block in registers; warp shuffles on a real GPU (ch 7)")],
     "add_rmsnorm": [_fixed("add_rmsnorm/cpu/loop", "add_rmsnorm/gpu/shfl", "add_rmsnorm/gpu/smem",
                            why="residual add + the next RMSNorm in one launch; shuffle sums on a real GPU (ch 14)")],
-    "rmsnorm_bwd": [_fixed("rmsnorm_bwd/cpu/loop", "rmsnorm_bwd/gpu/regs_shfl", "rmsnorm_bwd/gpu/regs",
+    "rmsnorm_bwd": [_fixed("rmsnorm_bwd/cpu/prange", "rmsnorm_bwd/gpu/regs_shfl", "rmsnorm_bwd/gpu/regs",
                            why="one row per block in registers (ch 7)")],
     "rope_qkv": [_fixed("rope_kv_write/cpu/loop", "rope_kv_write/gpu/token", why="RoPE, head split and cache "
                         "write in one pass (ch 10)")],
     "rope_qkv_bwd": [_fixed("qkv_rope_bwd/cpu/prange", "qkv_rope_bwd/gpu/thread", why="one thread per pair (ch 13)")],
     "attention": [
-        _fixed("attention/cpu/blocked", "attention/gpu/flash_causal", "attention/gpu/row",
+        _fixed("attention/cpu/simd", "attention/gpu/flash_causal", "attention/gpu/row",
                why="flash tiles that stop at the causal diagonal (ch 9); the simulator runs the row kernel",
                when=lambda s, t: s["D"] <= _FLASH_D, limit=f"D <= {_FLASH_D}"),
         Rule("wide_head", {"cpu": "", "gpu": "attention/gpu/row", "sim": "attention/gpu/row"},
@@ -200,16 +200,16 @@ POLICIES: dict[str, list[Rule]] = {
                       Rule("any_head", {"cpu": "attention_bwd/cpu/prange"}, "the CPU backward has no tile limit")],
     "heads_merge": [_fixed("heads_merge/cpu/prange", "heads_merge/gpu/thread", why="a permute (ch 13)")],
     "heads_split": [_fixed("heads_split/cpu/prange", "heads_split/gpu/thread", why="a permute (ch 13)")],
-    "gelu": [_fixed("gelu/cpu/loop", "gelu/gpu/ilp4", "gelu/gpu/thread", why="4 elements in flight per thread (ch 6)")],
-    "gelu_bwd": [_fixed("gelu_bwd/cpu/loop", "gelu_bwd/gpu/ilp4", "gelu_bwd/gpu/thread", why="as the forward (ch 6)")],
+    "gelu": [_fixed("gelu/cpu/simd", "gelu/gpu/ilp4", "gelu/gpu/thread", why="4 elements in flight per thread (ch 6)")],
+    "gelu_bwd": [_fixed("gelu_bwd/cpu/simd", "gelu_bwd/gpu/ilp4", "gelu_bwd/gpu/thread", why="as the forward (ch 6)")],
     "add": [_fixed("axpy/cpu/loop", "axpy/gpu/stride", "axpy/gpu/thread", why="residual add = axpy with a = 1 (ch 1)")],
     "embedding": [_fixed("embedding/cpu/prange", "embedding/gpu/thread", why="a row gather (ch 13)")],
     "embedding_bwd": [_fixed("embedding_bwd/cpu/prange", "embedding_bwd/gpu/thread",
                              why="deterministic scatter-add, a thread per column (ch 13)")],
-    "cross_entropy": [_fixed("cross_entropy/cpu/online_prange", "cross_entropy/gpu/row",
+    "cross_entropy": [_fixed("cross_entropy/cpu/simd_prange", "cross_entropy/gpu/row",
                              why="fused softmax + loss, one row per block (ch 13)")],
-    "cross_entropy_bwd": [_fixed("cross_entropy_bwd/cpu/prange", "cross_entropy_bwd/gpu/row", why="(ch 13)")],
-    "sum": [_fixed("reduce_sum/cpu/f64acc", "reduce_sum/gpu/two_pass", "reduce_sum/gpu/smem_tree",
+    "cross_entropy_bwd": [_fixed("cross_entropy_bwd/cpu/simd_prange", "cross_entropy_bwd/gpu/row", why="(ch 13)")],
+    "sum": [_fixed("reduce_sum/cpu/simd_prange", "reduce_sum/gpu/two_pass", "reduce_sum/gpu/smem_tree",
                    why="the mean loss (ch 7)")],
     "adamw": [_fixed("adamw/cpu/prange", "adamw/gpu/fused_ilp4", "adamw/gpu/fused",
                      why="one fused pass over p, g, m, v (ch 12)")],
