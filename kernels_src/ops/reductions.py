@@ -259,17 +259,23 @@ def row_max_simd(r):
 
 
 
+@njit(inline="always", error_model="numpy")
+def _key_max(xi):
+    mk = _KEY_MIN
+    for j in range(xi.size):
+        mk = max(mk, float_key(xi[j]))
+    return mk
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
-def max_simd_prange(x, parts):
-    n = x.size
+def max_simd_prange(xi, parts):
+    # xi: the float32 vector's bits as int32, viewed by the caller. (A .view inside Numba types the result as
+    # an array of unknown layout, and LLVM then reads it with gathers: vpgatherqd in `kernels asm`.)
+    n = xi.size
     P = parts.size
     per = (n + P - 1) // P
-    xi = x.view(np.int32)
     for p in prange(P):  # one contiguous chunk per core, each an integer max (SIMD)
-        mk = _KEY_MIN
-        for j in range(p * per, min(n, (p + 1) * per)):
-            mk = max(mk, float_key(xi[j]))
-        parts[p] = mk
+        parts[p] = _key_max(xi[p * per:min(n, (p + 1) * per)])
     m = _KEY_MIN
     for p in range(P):
         m = max(m, parts[p])
@@ -283,7 +289,8 @@ def max_simd_prange_cpu(out, x):
     compares, one element per step. Predicted: memory-bound, >= 70 % of the copy bandwidth."""
     from ..compiler import get_num_threads
 
-    out[0] = max_simd_prange(x, np.empty(max(1, min(x.size, get_num_threads())), np.int32))
+    out[0] = max_simd_prange(np.ascontiguousarray(x).view(np.int32),
+                             np.empty(max(1, min(x.size, get_num_threads())), np.int32))
 
 
 SUM_FAST = {"reassoc", "contract"}  # reorder the sum (SIMD lanes, threads); never nnan/ninf
