@@ -79,7 +79,13 @@ def test_torch_rows_are_skipped_with_a_reason_when_torch_is_missing(monkeypatch)
             raise ImportError("No module named 'torch'")
         return real(name, *a, **k)
 
+    import importlib.util
+    import sys
+
+    real_find = importlib.util.find_spec
     monkeypatch.setattr(builtins, "__import__", no_torch)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real_find(name, *a))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
     monkeypatch.setattr(cpu_baselines, "_state", {})
     ok, why = cpu_baselines.torch_cpu()
     assert not ok and "pip install torch" in why

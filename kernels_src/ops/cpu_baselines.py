@@ -51,8 +51,13 @@ def torch_cpu() -> tuple[bool, str]:
     """``requires=`` for torch-on-the-CPU baselines: an importable torch (any build), with its thread count
     set to Numba's so that both sides use the same cores, imported before Numba's thread pool started."""
     if "ok" not in _state:
+        import importlib.util
+
         from ..compiler import numba_threads_started
 
+        if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
+            _state["ok"] = (False, "torch is not installed (optional: pip install torch, the CPU build will do)")
+            return _state["ok"]
         if "torch" not in sys.modules and numba_threads_started():
             return False, LATE_IMPORT
         try:

@@ -136,11 +136,11 @@ def _course_rungs(op_name: str) -> list[str]:
     return [v.name for v in get_op(op_name).variants if v.backend == "cpu" and not v.baseline]
 
 
-_RESULTS: dict = {}  # (op, size, dtype) -> {variant: counts}: one child per op and size
+_RESULTS: dict = {}  # (op, variant, size, dtype) -> counts
 
 
-def _in_child(op_name: str, size, dtype: str) -> dict:
-    """Every course CPU rung of ``op_name``, counted in a fresh Python process whose Numba cache is empty."""
+def _in_child(op_name: str, size, dtype: str, variants) -> dict:
+    """The given CPU rungs of ``op_name``, counted in a fresh Python process whose Numba cache is empty."""
     import os
     import subprocess
     import tempfile
@@ -150,7 +150,8 @@ def _in_child(op_name: str, size, dtype: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="kernels-asm-") as cache:
         env = {**os.environ, "NUMBA_CACHE_DIR": cache, "KERNELS_DEVICE": "cpu",
                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        cmd = [sys.executable, "-m", "kernels_src.tools.asm", op_name, dtype] + (["x".join(map(str, size))] if size else [])
+        cmd = [sys.executable, "-m", "kernels_src.tools.asm", op_name, dtype, ",".join(variants)] + \
+            (["x".join(map(str, size))] if size else [])
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"kernels asm {op_name}: the child failed:\n{proc.stderr[-2000:]}")
@@ -158,14 +159,14 @@ def _in_child(op_name: str, size, dtype: str) -> dict:
 
 
 def variant_asm(op_name: str, variant: str, size=None, dtype: str = "float32") -> dict:
-    """Instruction counts of one CPU rung (see the module's docstring). The op's rungs are compiled together in
-    a child process with an empty Numba cache, once per op and size; later calls reuse the result."""
+    """Instruction counts of one CPU rung (see the module's docstring), compiled in a child process with an
+    empty Numba cache; later calls for the same rung and size reuse the result."""
     if variant not in _course_rungs(op_name):
         raise KeyError(f"{op_name}/cpu has no course rung {variant!r}; known: {_course_rungs(op_name)}")
-    key = (op_name, tuple(size) if size else None, dtype)
+    key = (op_name, variant, tuple(size) if size else None, dtype)
     if key not in _RESULTS:
-        _RESULTS[key] = _in_child(op_name, size, dtype)
-    return _RESULTS[key][variant]
+        _RESULTS[key] = _in_child(op_name, size, dtype, [variant])[variant]
+    return _RESULTS[key]
 
 
 def op_asm(op_name: str, variants=None, size=None) -> dict:
@@ -175,7 +176,8 @@ def op_asm(op_name: str, variants=None, size=None) -> dict:
     if variants and set(variants) - set(chosen):
         raise KeyError(f"{op_name}/cpu has no variant(s) {sorted(set(variants) - set(chosen))}; known: "
                        f"{_course_rungs(op_name)}")
-    return {"op": op_name, "meta": environment(), "rows": [variant_asm(op_name, n, size) for n in chosen]}
+    found = _in_child(op_name, size, "float32", chosen)  # one child for them all
+    return {"op": op_name, "meta": environment(), "rows": [found[n] for n in chosen]}
 
 
 def format_rows(result: dict) -> str:
@@ -220,7 +222,7 @@ def cmd_asm(args) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the child of _in_child: python -m kernels_src.tools.asm OP DTYPE [SIZE]
-    _op, _dtype = sys.argv[1], sys.argv[2]
-    _size = tuple(int(p) for p in sys.argv[3].split("x")) if len(sys.argv) > 3 else None
-    print(json.dumps({n: _variant_asm_here(_op, n, _size, _dtype) for n in _course_rungs(_op)}))
+if __name__ == "__main__":  # the child of _in_child: python -m kernels_src.tools.asm OP DTYPE VARIANTS [SIZE]
+    _op, _dtype, _names = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+    _size = tuple(int(p) for p in sys.argv[4].split("x")) if len(sys.argv) > 4 else None
+    print(json.dumps({n: _variant_asm_here(_op, n, _size, _dtype) for n in _names}))
