@@ -54,8 +54,8 @@ def cpu_lines() -> list[str]:
                "nothing is lost"))
     tv = _version("torch")
     out.append(f"torch (CPU)   {tv}: the CPU benchmarks time torch beside the course" if tv else
-               "torch (CPU)   not installed (optional): CPU benchmarks skip the torch rows; pip install torch "
-               "adds them")
+               "torch (CPU)   not installed (optional): CPU benchmarks skip the torch rows; the project's "
+               "`torch` extra adds them")
     return out
 
 

@@ -33,8 +33,11 @@ def test_time_cpu_excludes_compilation():
     def fn():
         calls.append(1)
 
-    times = bench.time_cpu(fn, (), warmup=2, min_time=0, min_repeat=5)
+    times = bench.time_cpu(fn, (), warmup=2, min_time=0, min_repeat=5, warmup_time=0)
     assert len(calls) == 2 + len(times) and len(times) >= 5
+    calls.clear()  # with a time-based warm-up, at least the two warm-up calls and none of them timed
+    times = bench.time_cpu(fn, (), warmup=2, min_time=0, min_repeat=5, warmup_time=0.01)
+    assert len(calls) >= 2 + len(times) and len(times) >= 5
 
 
 def test_json_round_trip_and_table(cpu_result, tmp_path):
@@ -71,7 +74,7 @@ def test_roofline_and_scaling_plots_draw(cpu_result):
 
 def test_committed_results_load_and_are_not_simulated():
     benches = 0
-    for path in plots.DATA.glob("*.json"):
+    for path in [*plots.DATA.glob("*.json"), *plots.CPU_BENCH_DATA.glob("*.json")]:
         res = json.loads(path.read_text())
         if isinstance(res, dict) and "rows" in res and "op" in res:  # a `kernels bench` result
             benches += 1

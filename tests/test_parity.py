@@ -128,5 +128,7 @@ def test_poison_values():
 @given(n=st.integers(1, 5000), seed=st.integers(0, 2**31 - 1))
 def test_cpu_axpy_any_length(n, seed):
     for v in kernels_src.variants("axpy", "cpu"):
+        if not v.available()[0]:  # torch's row where torch is not installed
+            continue
         rep = parity.check_variant(v, OP, (n,), seed=seed)
         assert rep.ok, str(rep)
