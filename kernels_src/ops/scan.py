@@ -1,0 +1,741 @@
+"""Prefix sums (scan): inclusive and exclusive, int32 (exact) and float32 (chapter 15).
+
+Shapes: x (n,) -> out (n,)
+        inclusive: out[i] = x[0] + ... + x[i]        exclusive: out[i] = x[0] + ... + x[i-1], out[0] = 0
+Cost:   n - 1 additions; at least 8n bytes move in int32/float32 (x read once, out written once). A scan
+        does no more arithmetic than a copy, so it is judged as a copy: GB/s against the copy yardstick.
+
+Integer scans are exact: int32 additions wrap modulo 2**32 like NumPy's ``cumsum(dtype=int32)`` in any
+order, so every rung must agree with the reference bit for bit (tolerance 0).
+
+Float32 error model (stated once, here, and used as the tolerance by ``scan_tol``). Every rung computes
+out[i] as a sum of x[0..i] in some tree of additions; the tree's depth d(i) is the longest chain of
+additions any x[j] passes through. Each addition rounds with relative error <= eps/2 (eps = 2**-23), so
+        |out[i] - exact[i]| <= d(i) * eps/2 * (|x[0]| + ... + |x[i]|)        (worst case)
+and, because on random data the rounding errors are independent and of both signs, typically about
+sqrt(d(i)) * eps/2 times that sum. The sequential loop has d(i) = i (the worst); a tile scan has
+d <= ITEMS + 2*log2(T) + (tiles before it): every rung has d(i) <= n. The tolerance allows
+sqrt(n) * eps relative to the sum of |x| (the inputs are non-negative, so that sum is |exact[i]|), plus
+8 eps for the short sums where sqrt(n) is small. A dropped or doubled element (a relative error of at least
+1/(i+1) at element i with inputs in [0.5, 1)) fails it for every n the checks use.
+
+Ladder (the same for inclusive ``scan`` and exclusive ``scan_exclusive``)
+  cpu/numpy        baseline  np.cumsum (one sequential loop in C)
+  cpu/torch        baseline  torch.cumsum on the CPU
+  cpu/seq          rung 1    one compiled loop with a running total
+  cpu/two_pass     rung 2    prange: per-chunk sums, a scan of the P sums, each chunk rescanned with its offset
+  gpu/hillis_steele rung 1   ONE block walks the array in tiles of T; Hillis-Steele in shared memory
+                             (log2 T steps, n log n additions), a carry between tiles
+  gpu/blelloch     rung 2    ONE block; each thread scans ITEMS values in registers, then Blelloch's
+                             work-efficient up-sweep/down-sweep over the T thread totals
+  gpu/reduce_then_scan rung 3 many blocks, 3 kernels: tile sums; one block scans the sums; every tile
+                             rescanned from its offset. Reads x twice: 12n bytes instead of 8n
+  gpu/lookback     rung 4    single pass with decoupled look-back (Merrill & Garland 2016): each tile
+                             publishes its sum, then its inclusive prefix, and a tile finds its offset by
+                             looking back at its predecessors' flags. 8n bytes. Real GPU only (fences)
+  gpu/torch        baseline  torch.cumsum on the GPU
+  gpu/cccl         baseline  CCCL's cuda.compute scan (CUB from Python), where it is installed
+
+The look-back's memory-ordering rules (see ``lookback_kernel``):
+  1. a tile's number comes from an atomic ticket counter, not blockIdx.x: tickets are handed out in the
+     order blocks START, so every tile a block waits for belongs to a block that is already running (or
+     done). With blockIdx.x, block 5000 could occupy an SM and spin on tile 4999 whose block is not yet
+     resident because every SM is full of spinners: a deadlock;
+  2. the writer stores the value (aggregate or inclusive prefix), then ``cuda.threadfence()``, then sets
+     the flag with an atomic: the fence orders the value before the flag for every observer on the device;
+  3. the reader polls the flag with an atomic (which goes to L2, never a stale L1 line), then
+     ``cuda.threadfence()``, then reads the value with an atomic too (a plain load could hit a line this SM
+     cached earlier);
+  4. the flags carry an epoch (2e for "aggregate ready", 2e + 1 for "inclusive prefix ready"; e grows by one
+     each launch), so no launch has to clear them first: anything below 2e is "not yet".
+The CUDA simulator has no ``cuda.threadfence`` and runs blocks one after another, so it can neither run
+nor test this rung; rung 3 computes the same result in the simulator.
+"""
+import math
+
+import numpy as np
+
+from ..compiler import cuda, float32, int32, njit, prange
+from .. import device
+from ..device import ceil_div
+from ..registry import define_op, exercise_op, register
+
+EPS32 = float(np.finfo(np.float32).eps)
+DTYPES = ("int32", "float32")
+
+
+# --------------------------------------------------------------------------------------- reference
+def reference(x):
+    """Inclusive prefix sum. int32: exact, wrapping modulo 2**32 (NumPy's int32 cumsum); float: float64."""
+    if np.issubdtype(x.dtype, np.integer):
+        return np.cumsum(x, dtype=x.dtype)
+    return np.cumsum(x.astype(np.float64))
+
+
+def reference_exclusive(x):
+    """Exclusive prefix sum: out[0] = 0, out[i] = x[0] + ... + x[i-1]."""
+    inc = reference(x)
+    out = np.zeros_like(inc)
+    out[1:] = inc[:-1]
+    return out
+
+
+def make_inputs(size, dtype, rng):
+    """int32: integers in [-1000, 1000] (both signs: a wrong order or a dropped element shows at once);
+    float32: uniform in [0.5, 1), all positive, so |out[i]| is the sum of |x| the error model scales with,
+    and a dropped element changes out[i] by at least 0.5."""
+    (n,) = size
+    if np.dtype(dtype).kind in "iu":
+        return (rng.integers(-1000, 1001, n).astype(np.int32),)
+    return ((0.5 + 0.5 * rng.random(n)).astype(np.float32),)
+
+
+def make_edge_inputs(size, dtype, rng):
+    """int32: values near +-2**31, so the running sum wraps (every rung must wrap as int32 does);
+    float32: a +inf, a NaN and a -0.0 among ordinary values: every output after the inf is inf, after the
+    NaN NaN, in whatever order the rung adds (an infinite sum has no rounding to argue about)."""
+    (n,) = size
+    (x,) = make_inputs(size, dtype, rng)
+    if n == 0:
+        return (x,)
+    if x.dtype == np.int32:
+        big = rng.integers(2**30, 2**31 - 1, n)
+        x = np.where(rng.random(n) < 0.3, big * np.where(rng.random(n) < 0.5, -1, 1), x).astype(np.int32)
+        return (x,)
+    pos = rng.permutation(n)[:3]
+    vals = [np.inf, np.nan, -0.0]
+    order = sorted(zip(pos, vals))  # any order: reference and kernels agree on NaN and inf wherever they fall
+    for p, v in order:
+        x[p] = v
+    return (x,)
+
+
+def scan_tol(size, dtype):
+    """The error model of the module docstring: exact for integers; float32 within
+    (sqrt(n) + 8) * eps of |exact[i]| (inputs non-negative, so |exact[i]| is the sum of |x|)."""
+    if np.dtype(dtype).kind in "iu":
+        return (0.0, 0.0)
+    (n,) = size
+    return ((math.sqrt(max(n, 1)) + 8.0) * EPS32, 0.0)
+
+
+SIZES = {"check": [(0,), (1,), (2,), (7,), (127,), (1000,), (4099,), (65537,)],
+         # 97 and 301 span several simulator tiles (T = 32, ITEMS = 3: 96 per tile)
+         "check_sim": [(0,), (1,), (7,), (97,), (301,)],
+         "bench": [(1 << 20,), (1 << 24,)],
+         "bench_gpu": [(1 << 20,), (1 << 24,), (1 << 28,)],
+         "bench_sim": [(301,)]}
+
+for _name, _ref, _title in (("scan", reference, "inclusive prefix sum"),
+                            ("scan_exclusive", reference_exclusive, "exclusive prefix sum")):
+    define_op(_name, reference=_ref, make_inputs=make_inputs, chapter=15, title=_title, size_names=("n",),
+              kind="memory", tol=scan_tol, output_names=("out",), sizes=SIZES, edge_inputs=make_edge_inputs,
+              flops=lambda s: max(s[0] - 1, 0), bytes=lambda s, b: 2 * s[0] * b)
+
+
+# --------------------------------------------------------------------------------------------- CPU
+@njit(cache=True)
+def scan_seq(out, x, exclusive):
+    acc = x.dtype.type(0)
+    for i in range(x.size):
+        v = x[i]
+        if exclusive:
+            out[i] = acc
+            acc = acc + v
+        else:
+            acc = acc + v
+            out[i] = acc
+
+
+@njit(parallel=True, cache=True)
+def scan_two_pass(out, x, parts, exclusive):
+    # x (n,) -> out (n,); parts (P,): one running total per chunk
+    n = x.size
+    P = parts.size
+    per = (n + P - 1) // P
+    for p in prange(P):  # pass 1: each core sums its chunk
+        acc = x.dtype.type(0)
+        for i in range(p * per, min(n, (p + 1) * per)):
+            acc = acc + x[i]
+        parts[p] = acc
+    run = x.dtype.type(0)  # the scan of the P chunk sums: P additions, sequential
+    for p in range(P):
+        s = parts[p]
+        parts[p] = run
+        run = run + s
+    for p in prange(P):  # pass 2: each core rescans its chunk from its offset
+        acc = parts[p]
+        for i in range(p * per, min(n, (p + 1) * per)):
+            if exclusive:
+                out[i] = acc
+                acc = acc + x[i]
+            else:
+                acc = acc + x[i]
+                out[i] = acc
+
+
+def _torch_cpu():
+    from .cpu_baselines import torch_cpu
+
+    return torch_cpu()
+
+
+def _torch_dtype(a):
+    import torch
+
+    return torch.int32 if a.dtype == np.int32 else torch.float32
+
+
+def _register_cpu(op, exclusive):
+    @register(op, "cpu", "numpy", baseline=True, dtypes=DTYPES)
+    def numpy_cumsum(out, x):
+        """NumPy's cumsum: one sequential loop in C, written into out."""
+        if exclusive:
+            if x.size:
+                out[0] = 0
+                np.cumsum(x[:-1], out=out[1:])
+        else:
+            np.cumsum(x, out=out)
+
+    @register(op, "cpu", "torch", baseline=True, requires=_torch_cpu, dtypes=DTYPES)
+    def torch_cumsum_cpu(out, x):
+        """torch.cumsum on the CPU, written into out (exclusive: the cumsum of x[:-1] into out[1:])."""
+        import torch
+
+        from .cpu_baselines import tviews
+
+        to, tx = tviews(out, x)
+        if exclusive:
+            if x.size:
+                to[0] = 0
+                torch.cumsum(tx[:-1], 0, dtype=_torch_dtype(x), out=to[1:])
+        else:
+            torch.cumsum(tx, 0, dtype=_torch_dtype(x), out=to)
+
+    @register(op, "cpu", "seq", rung=1, dtypes=DTYPES)
+    def seq(out, x):
+        """One compiled loop with a running total: each addition waits for the previous one (a chain of n
+        dependent adds, ~1 element per add latency), so predict about NumPy's speed, far below copy."""
+        scan_seq(out, x, exclusive)
+
+    @register(op, "cpu", "two_pass", rung=2, dtypes=DTYPES)
+    def two_pass(out, x):
+        """prange over P chunks: sum each chunk, scan the P sums, rescan each chunk from its offset. Reads x
+        twice (12n bytes instead of 8n) but runs P dependency chains at once: predict up to P x rung 1 on
+        data in cache, and 2/3 of the copy bandwidth once DRAM is the limit."""
+        from ..compiler import get_num_threads
+
+        parts = np.empty(max(1, min(x.size, 4 * get_num_threads())), x.dtype)
+        scan_two_pass(out, x, parts, exclusive)
+
+    return numpy_cumsum, torch_cumsum_cpu, seq, two_pass
+
+
+_register_cpu("scan", False)
+_register_cpu("scan_exclusive", True)
+
+
+# --------------------------------------------------------------------------------------------- GPU
+# Block geometry. On the GPU a tile is T threads x ITEMS values (ITEMS odd, so that thread t reading its
+# ITEMS consecutive values at t*ITEMS + k from shared memory hits 32 different banks). The simulator runs
+# one Python thread per CUDA thread: 32 threads of 3 values.
+HS_THREADS = 1024
+T_GPU, ITEMS_GPU = 256, 15
+T_SIM, ITEMS_SIM = 32, 3
+
+
+def geometry():
+    """(T, ITEMS) for the tile kernels here: the GPU's, or the simulator's small ones."""
+    return (T_SIM, ITEMS_SIM) if device.SIMULATED else (T_GPU, ITEMS_GPU)
+
+
+_TYPES = {"int32": int32, "float32": float32}
+
+
+def _zero(dt):
+    return np.int32(0) if dt == "int32" else np.float32(0.0)
+
+
+def make_block_scans(nbt, T):
+    """Shared-memory block scans over one value per thread, for T threads (T a power of two) of numba type
+    ``nbt``. Both return (scan of v, block total); every thread of the block must call them."""
+    ZERO = nbt(0)
+
+    @cuda.jit(device=True, inline="always")
+    def block_scan_hs(v, buf):
+        """Hillis-Steele, inclusive: log2(T) steps; in step k every thread adds the value 2**k places to its
+        left. T*log2(T) additions for T values: not work-efficient, but only log2(T) steps deep."""
+        tid = cuda.threadIdx.x
+        buf[tid] = v
+        cuda.syncthreads()
+        off = 1
+        while off < T:
+            t = buf[tid - off] if tid >= off else ZERO
+            cuda.syncthreads()  # everybody has read before anybody writes
+            buf[tid] += t
+            cuda.syncthreads()
+            off *= 2
+        r = buf[tid]
+        total = buf[T - 1]
+        cuda.syncthreads()
+        return r, total
+
+    @cuda.jit(device=True, inline="always")
+    def block_scan_blelloch(v, buf):
+        """Blelloch, exclusive: an up-sweep builds a sum tree in place (T - 1 additions), the root is
+        replaced by 0, and a down-sweep pushes prefixes back down (T - 1 additions, T - 1 swaps).
+        2*log2(T) steps, O(T) work: work-efficient."""
+        tid = cuda.threadIdx.x
+        buf[tid] = v
+        cuda.syncthreads()
+        off = 1
+        d = T // 2
+        while d > 0:  # up-sweep: buf[bi] becomes the sum of its subtree
+            if tid < d:
+                ai = off * (2 * tid + 1) - 1
+                bi = off * (2 * tid + 2) - 1
+                buf[bi] += buf[ai]
+            off *= 2
+            cuda.syncthreads()
+            d //= 2
+        total = buf[T - 1]
+        cuda.syncthreads()  # everybody has the total before the root is cleared
+        if tid == 0:
+            buf[T - 1] = ZERO
+        cuda.syncthreads()
+        d = 1
+        while d < T:  # down-sweep: a node passes its prefix left, prefix + left sum right
+            off //= 2
+            if tid < d:
+                ai = off * (2 * tid + 1) - 1
+                bi = off * (2 * tid + 2) - 1
+                t = buf[ai]
+                buf[ai] = buf[bi]
+                buf[bi] += t
+            cuda.syncthreads()
+            d *= 2
+        r = buf[tid]
+        cuda.syncthreads()
+        return r, total
+
+    return block_scan_hs, block_scan_blelloch
+
+
+def make_tile_scan(nbt, T, ITEMS, exclusive):
+    """``tile_scan(out, x, base, carry, s, buf)``: scan the tile x[base : base + T*ITEMS] (elements past
+    x.size count as 0 and are not written), add ``carry`` to every output, write them, and return the
+    tile's total. Loads and stores are coalesced through shared memory ``s`` (T*ITEMS values); each
+    thread scans its ITEMS consecutive values sequentially; Blelloch scans the T thread totals (``buf``)."""
+    ZERO = nbt(0)
+    _, block_scan_blelloch = make_block_scans(nbt, T)
+
+    @cuda.jit(device=True, inline="always")
+    def tile_total(x, base, buf):
+        tid = cuda.threadIdx.x
+        n = x.size
+        acc = ZERO
+        for k in range(ITEMS):  # coalesced: consecutive threads read consecutive elements
+            g = base + k * T + tid
+            if g < n:
+                acc += x[g]
+        _, total = block_scan_blelloch(acc, buf)
+        return total
+
+    @cuda.jit(device=True, inline="always")
+    def tile_scan(out, x, base, carry, s, buf):
+        tid = cuda.threadIdx.x
+        n = x.size
+        for k in range(ITEMS):
+            i = k * T + tid
+            g = base + i
+            s[i] = x[g] if g < n else ZERO
+        cuda.syncthreads()
+        acc = ZERO
+        for k in range(ITEMS):  # thread tid owns s[tid*ITEMS : (tid+1)*ITEMS]
+            acc += s[tid * ITEMS + k]
+        excl, total = block_scan_blelloch(acc, buf)
+        run = excl + carry
+        for k in range(ITEMS):
+            j = tid * ITEMS + k
+            v = s[j]
+            if exclusive:
+                s[j] = run
+                run += v
+            else:
+                run += v
+                s[j] = run
+        cuda.syncthreads()
+        for k in range(ITEMS):
+            i = k * T + tid
+            g = base + i
+            if g < n:
+                out[g] = s[i]
+        cuda.syncthreads()  # s may be refilled by the next tile
+        return total
+
+    return tile_total, tile_scan
+
+
+_kcache: dict = {}
+
+
+def _cached(key, build):
+    if key not in _kcache:
+        _kcache[key] = build()
+    return _kcache[key]
+
+
+def hs_kernel(dt, exclusive, T):
+    def build():
+        nbt = _TYPES[dt]
+        ZERO = nbt(0)
+        block_scan_hs, _ = make_block_scans(nbt, T)
+
+        @cuda.jit
+        def scan_hs_one_block(out, x):
+            # x (n,) -> out (n,): one block of T threads walks x in tiles of T
+            buf = cuda.shared.array(T, nbt)
+            tid = cuda.threadIdx.x
+            carry = ZERO
+            for base in range(0, x.size, T):
+                g = base + tid
+                v = x[g] if g < x.size else ZERO
+                inc, total = block_scan_hs(v, buf)
+                if g < x.size:
+                    out[g] = carry + (inc - v if exclusive else inc)
+                carry += total
+
+        return scan_hs_one_block
+
+    return _cached(("hs", dt, exclusive, T), build)
+
+
+def blelloch_kernel(dt, exclusive, T, ITEMS):
+    def build():
+        nbt = _TYPES[dt]
+        ZERO = nbt(0)
+        TILE = T * ITEMS
+        _, tile_scan = make_tile_scan(nbt, T, ITEMS, exclusive)
+
+        @cuda.jit
+        def scan_blelloch_one_block(out, x):
+            # x (n,) -> out (n,): one block walks x in tiles of T*ITEMS, carrying the running total
+            s = cuda.shared.array(TILE, nbt)
+            buf = cuda.shared.array(T, nbt)
+            carry = ZERO
+            for base in range(0, x.size, T * ITEMS):
+                carry += tile_scan(out, x, base, carry, s, buf)
+
+        return scan_blelloch_one_block
+
+    return _cached(("bl", dt, exclusive, T, ITEMS), build)
+
+
+def rts_kernels(dt, exclusive, T, ITEMS):
+    """The three kernels of reduce-then-scan."""
+    def build():
+        nbt = _TYPES[dt]
+        ZERO = nbt(0)
+        TILE = T * ITEMS
+        tile_total, tile_scan = make_tile_scan(nbt, T, ITEMS, exclusive)
+        _, scan_parts_tile = make_tile_scan(nbt, T, ITEMS, True)
+
+        @cuda.jit
+        def tile_sums(part, x):
+            # x (n,) -> part (tiles,): block b sums tile b
+            buf = cuda.shared.array(T, nbt)
+            total = tile_total(x, cuda.blockIdx.x * (T * ITEMS), buf)
+            if cuda.threadIdx.x == 0:
+                part[cuda.blockIdx.x] = total
+
+        @cuda.jit
+        def scan_sums(part, tmp):
+            # part (tiles,) -> part: its exclusive scan, in place, by one block (tmp: a copy of part)
+            s = cuda.shared.array(TILE, nbt)
+            buf = cuda.shared.array(T, nbt)
+            carry = ZERO
+            for base in range(0, tmp.size, T * ITEMS):
+                carry += scan_parts_tile(part, tmp, base, carry, s, buf)
+
+        @cuda.jit
+        def tile_scan_offset(out, x, part):
+            # x (n,) -> out (n,): block b rescans tile b starting from part[b]
+            s = cuda.shared.array(TILE, nbt)
+            buf = cuda.shared.array(T, nbt)
+            b = cuda.blockIdx.x
+            tile_scan(out, x, b * (T * ITEMS), part[b], s, buf)
+
+        return tile_sums, scan_sums, tile_scan_offset
+
+    return _cached(("rts", dt, exclusive, T, ITEMS), build)
+
+
+def lookback_kernel(dt, exclusive, T, ITEMS):
+    """The single-pass scan with decoupled look-back (rules 1-4 of the module docstring)."""
+    def build():
+        nbt = _TYPES[dt]
+        ZERO = nbt(0)
+        TILE = T * ITEMS
+        _, tile_scan = make_tile_scan(nbt, T, ITEMS, exclusive)
+        _, block_scan_blelloch = make_block_scans(nbt, T)
+
+        @cuda.jit
+        def scan_lookback(out, x, flags, aggs, incls, ticket, epoch):
+            # x (n,) -> out (n,); flags (tiles,) int32; aggs, incls (tiles,): published tile sums and
+            # inclusive prefixes; ticket (1,) int32, zero between launches; epoch: this launch's number
+            s = cuda.shared.array(TILE, nbt)
+            buf = cuda.shared.array(T, nbt)
+            sh_tile = cuda.shared.array(1, int32)
+            sh_prefix = cuda.shared.array(1, nbt)
+            tid = cuda.threadIdx.x
+            if tid == 0:  # rule 1: the tile is the order this block started in, not blockIdx.x
+                t = cuda.atomic.add(ticket, 0, 1)
+                sh_tile[0] = t
+                if t == cuda.gridDim.x - 1:  # the last ticket: every block has one, so reset for next launch
+                    cuda.atomic.exch(ticket, 0, 0)
+            cuda.syncthreads()
+            b = sh_tile[0]
+            base = b * (T * ITEMS)
+            n = x.size
+            for k in range(ITEMS):  # load and sum the tile first: its aggregate is published early
+                i = k * T + tid
+                g = base + i
+                s[i] = x[g] if g < n else ZERO
+            cuda.syncthreads()
+            acc = ZERO
+            for k in range(ITEMS):
+                acc += s[tid * ITEMS + k]
+            excl, total = block_scan_blelloch(acc, buf)
+            AGG = 2 * epoch
+            INC = 2 * epoch + 1
+            if tid == 0:
+                prefix = ZERO
+                if b == 0:
+                    incls[0] = total
+                    cuda.threadfence()  # rule 2: the value before the flag
+                    cuda.atomic.exch(flags, 0, INC)
+                else:
+                    aggs[b] = total
+                    cuda.threadfence()
+                    cuda.atomic.exch(flags, b, AGG)
+                    j = b - 1
+                    while True:  # rule 3: poll with an atomic, fence, read the value with an atomic
+                        f = cuda.atomic.add(flags, j, 0)
+                        if f == INC:
+                            cuda.threadfence()
+                            prefix += cuda.atomic.add(incls, j, ZERO)
+                            break
+                        if f == AGG:
+                            cuda.threadfence()
+                            prefix += cuda.atomic.add(aggs, j, ZERO)
+                            j -= 1
+                        # else: tile j's block has started (rule 1) but not published yet: poll again
+                    incls[b] = prefix + total
+                    cuda.threadfence()
+                    cuda.atomic.exch(flags, b, INC)
+                sh_prefix[0] = prefix
+            cuda.syncthreads()
+            run = excl + sh_prefix[0]
+            for k in range(ITEMS):
+                j2 = tid * ITEMS + k
+                v = s[j2]
+                if exclusive:
+                    s[j2] = run
+                    run += v
+                else:
+                    run += v
+                    s[j2] = run
+            cuda.syncthreads()
+            for k in range(ITEMS):
+                i = k * T + tid
+                g = base + i
+                if g < n:
+                    out[g] = s[i]
+
+        return scan_lookback
+
+    return _cached(("lb", dt, exclusive, T, ITEMS), build)
+
+
+def _dt(a) -> str:
+    return "int32" if np.dtype(a.dtype) == np.int32 else "float32"
+
+
+_scratch: dict = {}
+
+
+def _buf(key, n, dtype, zero=False):
+    """A cached device buffer of at least n elements (no allocation inside timed launches)."""
+    have = _scratch.get(key)
+    if have is None or have.size < n:
+        arr = np.zeros(max(n, 1), dtype)
+        have = _scratch[key] = cuda.to_device(arr) if zero else cuda.device_array(max(n, 1), dtype)
+    return have
+
+
+def scan_hs(out, x, exclusive=False):
+    if x.size == 0:
+        return
+    T = 32 if device.SIMULATED else HS_THREADS
+    hs_kernel(_dt(x), exclusive, T)[1, T](out, x)
+
+
+def scan_blelloch(out, x, exclusive=False):
+    if x.size == 0:
+        return
+    T, ITEMS = geometry()
+    blelloch_kernel(_dt(x), exclusive, T, ITEMS)[1, T](out, x)
+
+
+def scan_rts(out, x, exclusive=False):
+    if x.size == 0:
+        return
+    T, ITEMS = geometry()
+    dt = _dt(x)
+    k_sums, k_scan, k_fix = rts_kernels(dt, exclusive, T, ITEMS)
+    tiles = ceil_div(x.size, T * ITEMS)
+    part = _buf(("part", dt), tiles, np.dtype(dt))[:tiles]
+    tmp = _buf(("tmp", dt), tiles, np.dtype(dt))[:tiles]
+    k_sums[tiles, T](tmp, x)  # kernel 1: one sum per tile (reads x)
+    k_scan[1, T](part, tmp)  # kernel 2: one block scans the tile sums (exclusive)
+    k_fix[tiles, T](out, x, part)  # kernel 3: each tile rescanned from its offset (reads x, writes out)
+
+
+_epoch = {}
+
+
+def scan_lookback(out, x, exclusive=False):
+    if x.size == 0:
+        return
+    T, ITEMS = geometry()
+    dt = _dt(x)
+    tiles = ceil_div(x.size, T * ITEMS)
+    key = ("lbflags",)
+    e = _epoch.get(dt, 0) + 1
+    if e >= (1 << 29):  # the epoch would overflow the flags: start over from cleared flags
+        _scratch.pop(key, None)
+        e = 1
+    flags = _buf(key, tiles, np.int32, zero=True)
+    if flags.size < tiles:  # pragma: no cover  (_buf grows it)
+        raise RuntimeError("flag buffer too small")
+    _epoch[dt] = e
+    for other in _epoch:  # one flag buffer for both dtypes: they share the epoch count
+        _epoch[other] = e
+    aggs = _buf(("aggs", dt), tiles, np.dtype(dt))
+    incls = _buf(("incls", dt), tiles, np.dtype(dt))
+    ticket = _buf(("ticket",), 1, np.int32, zero=True)
+    lookback_kernel(dt, exclusive, T, ITEMS)[tiles, T](out, x, flags, aggs, incls, ticket, np.int32(e))
+
+
+def needs_fences():
+    """``requires=`` for the look-back: a real GPU (the simulator has no cuda.threadfence, and its blocks
+    run one after another, so a look-back could never be tested there)."""
+    if device.MODE != "gpu":
+        return False, "decoupled look-back needs a real GPU (the simulator has no cuda.threadfence)"
+    return True, ""
+
+
+def _torch_gpu():
+    from .reductions import torch_gpu
+
+    return torch_gpu()
+
+
+def _cccl():
+    ok, why = _torch_gpu()
+    if not ok:
+        return ok, why
+    try:
+        import cuda.compute as cc  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return False, f"cuda.compute (CCCL Python) is not importable: {type(e).__name__}"
+    if not hasattr(cc, "inclusive_scan"):
+        return False, "cuda.compute has no inclusive_scan"
+    return True, ""
+
+
+def _sig(dt, extra=""):
+    return f"void({dt}[::1], {dt}[::1]{extra})"
+
+
+def _ptx(which, dt, exclusive):
+    T, ITEMS = T_GPU, ITEMS_GPU
+    if which == "hs":
+        return [(hs_kernel(dt, exclusive, HS_THREADS), _sig(dt))]
+    if which == "bl":
+        return [(blelloch_kernel(dt, exclusive, T, ITEMS), _sig(dt))]
+    if which == "rts":
+        a, b, c = rts_kernels(dt, exclusive, T, ITEMS)
+        return [(a, _sig(dt)), (b, _sig(dt)), (c, f"void({dt}[::1], {dt}[::1], {dt}[::1])")]
+    return [(lookback_kernel(dt, exclusive, T, ITEMS),
+             f"void({dt}[::1], {dt}[::1], int32[::1], {dt}[::1], {dt}[::1], int32[::1], int32)")]
+
+
+def _ptx_all(which, exclusive):
+    return [k for dt in DTYPES for k in _ptx(which, dt, exclusive)]
+
+
+def _register_gpu(op, exclusive):
+    @register(op, "gpu", "hillis_steele", rung=1, ptx=_ptx_all("hs", exclusive), dtypes=DTYPES)
+    def hillis_steele(out, x):
+        """ONE block of 1024 threads walks x in tiles of 1024, Hillis-Steele in shared memory (10 steps,
+        20 barriers per tile), a carry between tiles. One SM of 132 works: predict ~1 % of copy."""
+        scan_hs(out, x, exclusive)
+
+    @register(op, "gpu", "blelloch", rung=2, ptx=_ptx_all("bl", exclusive), dtypes=DTYPES)
+    def blelloch(out, x):
+        """Still ONE block, but each of 256 threads scans 15 values in registers and Blelloch's tree scans
+        only the 256 thread totals: 15x fewer barrier steps per element than rung 1. Still one SM: predict
+        a few times rung 1, still ~1-3 % of copy. The block-level building block of rungs 3 and 4."""
+        scan_blelloch(out, x, exclusive)
+
+    @register(op, "gpu", "reduce_then_scan", rung=3, ptx=_ptx_all("rts", exclusive), dtypes=DTYPES)
+    def reduce_then_scan(out, x):
+        """Every SM works: kernel 1 sums each 3840-element tile, kernel 2 (one block) scans the tile sums,
+        kernel 3 rescans each tile from its offset. x is read twice: 12n bytes for the op's 8n, so
+        predict at most 2/3 of copy (~2000 GB/s) at 2^28."""
+        scan_rts(out, x, exclusive)
+
+    @register(op, "gpu", "lookback", rung=4, ptx=_ptx_all("lb", exclusive), dtypes=DTYPES,
+              requires=needs_fences)
+    def lookback(out, x):
+        """One pass: each tile publishes its sum, looks back over its predecessors' flags for its offset,
+        then publishes its inclusive prefix. x is read once: 8n bytes, so predict ~80-90 % of copy at 2^28
+        if the look-back (a few L2 round trips per tile) hides behind the loads of other blocks."""
+        scan_lookback(out, x, exclusive)
+
+    @register(op, "gpu", "torch", baseline=True, requires=_torch_gpu, dtypes=DTYPES)
+    def torch_cumsum_gpu(out, x):
+        """torch.cumsum on the GPU (CUB underneath), written into out."""
+        import torch
+
+        from .reductions import torch_view
+
+        to, tx = torch_view(out), torch_view(x)
+        if exclusive:
+            if x.size:
+                to[0] = 0
+                torch.cumsum(tx[:-1], 0, dtype=_torch_dtype(x), out=to[1:])
+        else:
+            torch.cumsum(tx, 0, dtype=_torch_dtype(x), out=to)
+
+    @register(op, "gpu", "cccl", baseline=True, requires=_cccl, dtypes=DTYPES)
+    def cccl_scan(out, x):
+        """CCCL's cuda.compute scan (CUB's single-pass decoupled look-back, from Python)."""
+        import cuda.compute as cc
+
+        from .reductions import torch_view
+
+        if x.size == 0:
+            return
+        h_init = np.zeros(1, np.dtype(_dt(x)))
+        fn = cc.exclusive_scan if exclusive else cc.inclusive_scan
+        fn(torch_view(x), torch_view(out), cc.OpKind.PLUS, h_init, x.size)
+
+    return hillis_steele, blelloch, reduce_then_scan, lookback
+
+
+(scan_gpu_hillis_steele, scan_gpu_blelloch, scan_gpu_reduce_then_scan, scan_gpu_lookback) = \
+    _register_gpu("scan", False)
+(scan_exclusive_gpu_hillis_steele, scan_exclusive_gpu_blelloch, scan_exclusive_gpu_reduce_then_scan,
+ scan_exclusive_gpu_lookback) = _register_gpu("scan_exclusive", True)
