@@ -1,0 +1,322 @@
+"""Histogram: count int32 values into ``bins`` bins (chapter 15).
+
+Shapes: x (n,) int32, bins -> counts (bins,) int32;  counts[b] = #{i : clamp(x[i]) == b}
+Size:   (n, bins, skew): skew 0 draws x uniformly from [0, bins); skew 1 from a Zipf law over the bins
+        (p_k proportional to 1/(k+1)**1.1: with 256 bins the hottest bin gets ~18 % of the values), the
+        input where many threads hit the same counter at once.
+Cost:   n reads of 4 bytes and bins counters written: 4n + 4*bins bytes; no arithmetic beyond the counting.
+
+Out-of-range values follow one documented rule, the CLAMP rule: a value below 0 counts in bin 0 and a
+value >= bins counts in bin bins - 1 (so the counts always add up to n). The reference, every rung and
+the baselines apply it; ``make_edge_inputs`` puts values far outside [0, bins) in the input, and
+tests/test_ch15_scan_histogram_sort.py checks the rule itself. Counts are exact: tolerance 0.
+
+Ladder
+  cpu/numpy         baseline  np.bincount(np.clip(x, 0, bins - 1), minlength=bins)
+  cpu/torch         baseline  torch.bincount of the clamped values on the CPU
+  cpu/seq           rung 1    one loop, counts[clamp(x[i])] += 1
+  cpu/private       rung 2    prange: one private histogram per chunk, added at the end (no sharing)
+  gpu/global_atomics rung 1   every element is one atomicAdd on the counter in global memory (L2)
+  gpu/privatized    rung 2    each block counts into its own copy of the bins in shared memory, then adds
+                              its non-zero counts to global memory: n shared atomics + bins global ones
+                              per block. Bins beyond what shared memory holds are done in chunks (grid y)
+  gpu/warp_aggregated rung 3  rung 2, with the lanes of a warp that hit the same bin found by
+                              ``match_any_sync`` and one atomic per distinct bin per warp (real GPU only)
+  gpu/torch         baseline  torch.bincount of the clamped values
+"""
+import numpy as np
+
+from ..compiler import cuda, int32, njit, prange, uint32
+from .. import device
+from ..device import ceil_div
+from ..registry import define_op, register
+
+ZIPF_A = 1.1
+
+
+# --------------------------------------------------------------------------------------- reference
+def reference(x, bins):
+    """Exact counts under the clamp rule."""
+    return np.bincount(np.clip(x.astype(np.int64), 0, bins - 1), minlength=bins).astype(np.int32)
+
+
+def zipf_values(n, bins, rng, a=ZIPF_A):
+    """n draws from p_k ~ 1/(k+1)**a over k = 0..bins-1 (inverse CDF: one uniform and one search each)."""
+    p = 1.0 / np.arange(1, bins + 1, dtype=np.float64) ** a
+    cdf = np.cumsum(p / p.sum())
+    return np.minimum(np.searchsorted(cdf, rng.random(n)), bins - 1).astype(np.int32)
+
+
+def make_inputs(size, dtype, rng):
+    n, bins, skew = size
+    x = zipf_values(n, bins, rng) if skew else rng.integers(0, bins, n).astype(np.int32)
+    return x, int(bins)
+
+
+def make_edge_inputs(size, dtype, rng):
+    """The clamp rule at work: about a quarter of the values below 0 (down to int32's minimum) or at and
+    above ``bins`` (up to int32's maximum), the rest as in make_inputs."""
+    n, bins, skew = size
+    x, b = make_inputs(size, dtype, rng)
+    if n:
+        wild = np.array([-1, -(2**31), 2**31 - 1, bins, bins + 1, -bins], dtype=np.int64)
+        pick = rng.random(n) < 0.25
+        x = np.where(pick, wild[rng.integers(0, wild.size, n)], x).astype(np.int32)
+    return x, b
+
+
+SIZES = {"check": [(0, 256, 0), (1, 1, 0), (7, 3, 0), (1000, 256, 0), (4099, 256, 1), (65537, 1000, 1),
+                   (10007, 20011, 0)],
+         # the simulator's shared histogram holds 256 bins: 600 bins take 3 chunks
+         "check_sim": [(0, 4, 0), (1, 1, 0), (97, 7, 0), (300, 256, 1), (301, 600, 0)],
+         "bench": [(1 << 24, 256, 0), (1 << 24, 256, 1), (1 << 24, 65536, 0)],
+         "bench_gpu": [(1 << 28, 256, 0), (1 << 28, 256, 1), (1 << 28, 4096, 0), (1 << 28, 4096, 1),
+                       (1 << 28, 1 << 20, 0)],
+         "bench_sim": [(300, 256, 1)]}
+
+define_op("histogram", reference=reference, make_inputs=make_inputs, chapter=15, title="histogram of int32 values",
+          size_names=("n", "bins", "skew"), kind="memory", tol=(0.0, 0.0), output_names=("counts",), sizes=SIZES,
+          edge_inputs=make_edge_inputs, flops=lambda s: s[0], bytes=lambda s, b: 4 * s[0] + 4 * s[1])
+
+
+# --------------------------------------------------------------------------------------------- CPU
+@register("histogram", "cpu", "numpy", baseline=True)
+def hist_numpy(counts, x, bins):
+    """np.bincount of the clamped values (the clamp is a second pass NumPy needs for the course's rule)."""
+    counts[:] = np.bincount(np.clip(x, 0, bins - 1), minlength=bins)
+
+
+def _torch_cpu():
+    from .cpu_baselines import torch_cpu
+
+    return torch_cpu()
+
+
+@register("histogram", "cpu", "torch", baseline=True, requires=_torch_cpu)
+def hist_torch_cpu(counts, x, bins):
+    """torch.bincount of the clamped values on the CPU (int64 counts, copied into counts)."""
+    import torch
+
+    from .cpu_baselines import tviews
+
+    tc, tx = tviews(counts, x)
+    tc.copy_(torch.bincount(torch.clamp(tx, 0, bins - 1), minlength=bins))
+
+
+@njit(inline="always")
+def clamp_bin(v, bins):
+    return 0 if v < 0 else (bins - 1 if v >= bins else v)
+
+
+@njit(cache=True)
+def hist_seq(counts, x, bins):
+    for b in range(bins):
+        counts[b] = 0
+    for i in range(x.size):
+        counts[clamp_bin(x[i], bins)] += 1
+
+
+@register("histogram", "cpu", "seq", rung=1)
+def hist_seq_cpu(counts, x, bins):
+    """One loop: counts[clamp(x[i])] += 1. A load, a compare pair and an increment per element; with few
+    bins the counters sit in L1. Predict ~1 element per ns: a few GB/s, below one core's copy speed when
+    consecutive values hit the same counter (each increment waits for the previous one)."""
+    hist_seq(counts, x, bins)
+
+
+@njit(parallel=True, cache=True)
+def hist_private(counts, x, bins, priv):
+    # priv (P, bins): one histogram per chunk, so no two threads ever touch the same counter
+    n = x.size
+    P = priv.shape[0]
+    per = (n + P - 1) // P
+    for p in prange(P):
+        for b in range(bins):
+            priv[p, b] = 0
+        for i in range(p * per, min(n, (p + 1) * per)):
+            priv[p, clamp_bin(x[i], bins)] += 1
+    for b in prange(bins):
+        s = 0
+        for p in range(P):
+            s += priv[p, b]
+        counts[b] = s
+
+
+@register("histogram", "cpu", "private", rung=2)
+def hist_private_cpu(counts, x, bins):
+    """prange over P chunks, each counting into its own private histogram, then a sum over the P copies.
+    No counter is shared, so no atomics and no false sharing: predict ~P x rung 1 (P cores), plus
+    P*bins additions at the end (negligible until bins approaches n/P)."""
+    from ..compiler import get_num_threads
+
+    P = max(1, min(get_num_threads(), x.size))
+    hist_private(counts, x, bins, np.empty((P, bins), np.int32))
+
+
+# --------------------------------------------------------------------------------------------- GPU
+FULL_MASK = 0xFFFFFFFF
+PRIV_GPU, PRIV_SIM = 8192, 256  # int32 bins held in one block's shared memory (32 KiB on the GPU)
+THREADS_GPU, THREADS_SIM = 256, 32
+ITEMS = 16  # elements per thread per grid (sets the block count; the loops are grid-stride)
+MAX_BLOCKS = 4096
+MAX_CHUNKS = 4  # privatized: more than 4 chunks re-reads x too often; those bin counts use global atomics
+
+
+def _geom():
+    return (THREADS_SIM, PRIV_SIM) if device.SIMULATED else (THREADS_GPU, PRIV_GPU)
+
+
+@cuda.jit
+def zero_kernel(counts):
+    i = cuda.grid(1)
+    if i < counts.size:
+        counts[i] = 0
+
+
+@cuda.jit(device=True, inline="always")
+def clamp_bin_gpu(v, bins):
+    return 0 if v < 0 else (bins - 1 if v >= bins else v)
+
+
+@cuda.jit
+def hist_global_kernel(counts, x, bins):
+    # x (n,) -> counts (bins,), already zeroed: one global atomic per element
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < x.size:
+        cuda.atomic.add(counts, clamp_bin_gpu(x[i], bins), 1)
+        i += stride
+
+
+def make_private_kernel(PRIV, warp_aggregated):
+    @cuda.jit
+    def hist_private_kernel(counts, x, bins):
+        # x (n,) -> counts (bins,), already zeroed. Block (bx, c) counts the bins [c*PRIV, (c+1)*PRIV)
+        # of its grid-strided share of x into shared memory, then adds them to counts.
+        sh = cuda.shared.array(PRIV, int32)
+        tid = cuda.threadIdx.x
+        lo = cuda.blockIdx.y * PRIV
+        width = min(PRIV, bins - lo)
+        for j in range(tid, PRIV, cuda.blockDim.x):
+            sh[j] = 0
+        cuda.syncthreads()
+        base = cuda.blockIdx.x * cuda.blockDim.x
+        stride = cuda.gridDim.x * cuda.blockDim.x
+        n = x.size
+        while base < n:  # base is the same for every thread of the block: the warp stays converged
+            i = base + tid
+            b = -1
+            if i < n:
+                b = clamp_bin_gpu(x[i], bins) - lo
+                if b >= width:  # another chunk's bin (b < 0 only when lo > 0)
+                    b = -1
+                if b < 0:
+                    b = -1
+            if warp_aggregated:
+                peers = cuda.match_any_sync(FULL_MASK, b)  # the lanes holding the same bin as this one
+                lane = tid % 32
+                below = peers & ((uint32(1) << uint32(lane)) - uint32(1))
+                if b >= 0 and below == 0:  # the lowest lane of each group adds for the whole group
+                    cuda.atomic.add(sh, b, cuda.popc(peers))
+            elif b >= 0:
+                cuda.atomic.add(sh, b, 1)
+            base += stride
+        cuda.syncthreads()
+        for j in range(tid, width, cuda.blockDim.x):
+            c = sh[j]
+            if c != 0:
+                cuda.atomic.add(counts, lo + j, c)
+
+    return hist_private_kernel
+
+
+_pk: dict = {}
+
+
+def private_kernel(PRIV, warp_aggregated):
+    key = (PRIV, warp_aggregated)
+    if key not in _pk:
+        _pk[key] = make_private_kernel(PRIV, warp_aggregated)
+    return _pk[key]
+
+
+def _blocks(n, T):
+    return max(1, min(ceil_div(n, T * ITEMS), 8 if device.SIMULATED else MAX_BLOCKS))
+
+
+def _zero(counts):
+    zero_kernel[ceil_div(counts.size, 256), 256](counts)
+
+
+def hist_global(counts, x, bins):
+    T, _ = _geom()
+    _zero(counts)
+    if x.size:
+        hist_global_kernel[_blocks(x.size, T), T](counts, x, bins)
+
+
+def hist_privatized(counts, x, bins, warp_aggregated=False):
+    T, PRIV = _geom()
+    chunks = ceil_div(bins, PRIV)
+    if chunks > MAX_CHUNKS:  # too many bins for shared memory: few collisions anyway, so global atomics
+        return hist_global(counts, x, bins)
+    _zero(counts)
+    if x.size:
+        private_kernel(PRIV, warp_aggregated)[(_blocks(x.size, T), chunks), T](counts, x, bins)
+
+
+SIG = "void(int32[::1], int32[::1], int64)"
+
+
+@register("histogram", "gpu", "global_atomics", rung=1,
+          ptx=[(zero_kernel, "void(int32[::1])"), (hist_global_kernel, SIG)])
+def hist_gpu_global(counts, x, bins):
+    """Every element is one atomicAdd on a counter in global memory; the atomics are done in L2. Uniform
+    input over 256 bins: many updates per counter in flight, serialized at L2. Predict well below copy
+    speed for 256 bins (~30-50 %), near it for many bins, and much worse for Zipf input, where one
+    counter takes ~18 % of all updates."""
+    hist_global(counts, x, bins)
+
+
+@register("histogram", "gpu", "privatized", rung=2,
+          ptx=[(zero_kernel, "void(int32[::1])"), (private_kernel(PRIV_GPU, False), SIG)])
+def hist_gpu_privatized(counts, x, bins):
+    """Each block counts into its own shared-memory copy of the bins (shared atomics are resolved in the SM,
+    not in L2), then adds its non-zero counts to global memory: bins global atomics per block instead of
+    one per element. Predict ~70 % of copy for uniform 256 bins; Zipf input still serializes the
+    shared-memory atomics on the hot bin (predict ~2x slower than uniform)."""
+    hist_privatized(counts, x, bins, False)
+
+
+def _needs_match():
+    if device.MODE != "gpu":
+        return False, "match_any_sync needs a real GPU (the CUDA simulator has no warp votes or matches)"
+    return True, ""
+
+
+@register("histogram", "gpu", "warp_aggregated", rung=3, requires=_needs_match,
+          ptx=[(zero_kernel, "void(int32[::1])"), (private_kernel(PRIV_GPU, True), SIG)])
+def hist_gpu_warp_aggregated(counts, x, bins):
+    """Rung 2, plus: the lanes of a warp holding the same bin find each other (``match_any_sync``) and
+    the lowest of them adds the group's count in one shared atomic. On Zipf input (many lanes on the hot
+    bin) that cuts the colliding atomics up to 32x: predict skewed input near uniform speed (>= 50 % of
+    copy); on uniform input over 256 bins groups are small and the match costs a little (predict rung 2's
+    speed within ~10 %)."""
+    hist_privatized(counts, x, bins, True)
+
+
+def _torch_gpu():
+    from .reductions import torch_gpu
+
+    return torch_gpu()
+
+
+@register("histogram", "gpu", "torch", baseline=True, requires=_torch_gpu)
+def hist_torch_gpu(counts, x, bins):
+    """torch.bincount of the clamped values on the GPU (int64 counts, copied into counts)."""
+    import torch
+
+    from .reductions import torch_view
+
+    tx = torch_view(x)
+    torch_view(counts).copy_(torch.bincount(torch.clamp(tx, 0, bins - 1), minlength=bins))
