@@ -322,7 +322,7 @@ def sample_cpu_select(ids, logits, temperature, top_k, top_p, seed, step):
 THREADS = 256  # a power of two (the tree reductions halve it)
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _bsum(sh, v):
     """Sum of v over the block (float64 tree in shared memory). Every thread gets it; all must call."""
     tid = cuda.threadIdx.x
@@ -338,7 +338,7 @@ def _bsum(sh, v):
     return sh[0]
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _bmax(sh, v):
     tid = cuda.threadIdx.x
     cuda.syncthreads()
@@ -353,7 +353,7 @@ def _bmax(sh, v):
     return sh[0]
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _bprefix(sh, v):
     """(exclusive prefix of v over threads 0..tid-1, total): sequential sums over shared memory, so thread t+1's
     prefix is exactly thread t's prefix + v_t, rounded the same way."""
@@ -370,7 +370,7 @@ def _bprefix(sh, v):
     return excl, acc
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True, inline="always")
 def _kept(key, i, tk, cut_k, tp, cut_p):
     return (key > tk or (key == tk and i <= cut_k)) and (key > tp or (key == tp and i <= cut_p))
 
