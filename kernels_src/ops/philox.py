@@ -462,7 +462,7 @@ def dropout_inputs(size, dtype, rng):
 def dropout_edge_inputs(size, dtype, rng):
     """p = 0, p = 1 or 1/3, with NaN, infinities and signed zeros in x (a dropped NaN must come out 0)."""
     x, _, seed, offset = dropout_inputs(size, dtype, rng)
-    _sprinkle(x, rng, [np.nan, np.inf, -np.inf, -0.0, 0.0, 3e38, -3e38])
+    _sprinkle(x, rng, [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e-30])
     return x, float(rng.choice([0.0, 1.0, 1.0 / 3.0])), seed, offset
 
 

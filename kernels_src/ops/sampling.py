@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import device
 from ..compiler import cuda, float64, njit, prange
-from ..registry import define_op, register
+from ..registry import define_op, exercise_op, register
 from .philox import philox10_cpu, philox10_dev, split64, uniforms
 
 SIGN = np.uint32(0x80000000)
@@ -554,3 +554,29 @@ def sample(logits, temperature=1.0, top_k=0, top_p=1.0, seed=0, step=0, out=None
     ids = out if out is not None else np.empty(logits.shape[0], dtype=np.int32)
     sample_cpu_select(ids, logits, temperature, top_k, top_p, seed, step)
     return ids
+
+
+# --------------------------------------------------------------------------- exercise: top-p's cutoff
+def top_p_count_ref(w, p):
+    """For each row of weights w (B,V) >= 0: the length of the shortest prefix of the descending order whose sum
+    is >= p times the row's sum (the number of tokens top-p keeps)."""
+    n = np.empty(w.shape[0], dtype=np.int32)
+    for b in range(w.shape[0]):
+        cw = np.cumsum(np.sort(w[b])[::-1])
+        n[b] = int(np.searchsorted(cw, p * cw[-1], side="left")) + 1
+    return n
+
+
+def top_p_count_inputs(size, dtype, rng):
+    """Weights on a grid of 1/8 (ties; every sum exact in float32 and float64, so the ">=" boundary is met
+    exactly as often as it happens), a positive largest weight, and p on a grid of 1/8."""
+    B, V = size
+    w = (rng.integers(0, 9, size=(B, V)) / 8.0).astype(dtype)
+    w[:, 0] = np.maximum(w[:, 0], 1.0)
+    return w, float(rng.choice([0.125, 0.25, 0.5, 0.625, 0.875, 1.0]))
+
+
+exercise_op("top_p_count", reference=top_p_count_ref, make_inputs=top_p_count_inputs, chapter=16,
+            title="top-p: how many tokens the nucleus keeps", size_names=("B", "V"), kind="memory",
+            output_names=("n",), tol=(0.0, 0.0), flops=lambda s: s[0] * s[1], bytes=lambda s, b: s[0] * s[1] * b,
+            sizes={"check": [(1, 1), (3, 7), (4, 37), (2, 300)], "check_sim": [(1, 1), (3, 7)], "bench": [(8, 50304)]})
