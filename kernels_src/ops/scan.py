@@ -395,14 +395,20 @@ def hs_kernel(dt, exclusive, T):
         def scan_hs_one_block(out, x):
             # x (n,) -> out (n,): one block of T threads walks x in tiles of T
             buf = cuda.shared.array(T, nbt)
+            sh = cuda.shared.array(T, nbt)
             tid = cuda.threadIdx.x
             carry = ZERO
             for base in range(0, x.size, T):
                 g = base + tid
                 v = x[g] if g < x.size else ZERO
-                inc, total = block_scan_hs(v, buf)
+                r, total = block_scan_hs(v, buf)
+                if exclusive:  # the left neighbour's inclusive value (inc - v would turn inf into NaN)
+                    sh[tid] = r
+                    cuda.syncthreads()
+                    r = sh[tid - 1] if tid > 0 else ZERO
+                    cuda.syncthreads()
                 if g < x.size:
-                    out[g] = carry + (inc - v if exclusive else inc)
+                    out[g] = carry + r
                 carry += total
 
         return scan_hs_one_block
