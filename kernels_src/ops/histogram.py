@@ -35,8 +35,19 @@ ZIPF_A = 1.1
 
 
 # --------------------------------------------------------------------------------------- reference
+def check_args(counts, x, bins):
+    """The launchers' argument check: a clear ValueError instead of a wrong count or a crash."""
+    if int(bins) < 1:
+        raise ValueError(f"histogram: bins must be >= 1, got {bins}")
+    if counts is not None and counts.size != bins:
+        raise ValueError(f"histogram: counts has {counts.size} elements for {bins} bins")
+    if np.dtype(x.dtype) != np.int32:
+        raise ValueError(f"histogram: x must be int32, got {x.dtype}")
+
+
 def reference(x, bins):
     """Exact counts under the clamp rule."""
+    check_args(None, x, bins)
     return np.bincount(np.clip(x.astype(np.int64), 0, bins - 1), minlength=bins).astype(np.int32)
 
 
@@ -83,6 +94,7 @@ define_op("histogram", reference=reference, make_inputs=make_inputs, chapter=15,
 @register("histogram", "cpu", "numpy", baseline=True)
 def hist_numpy(counts, x, bins):
     """np.bincount of the clamped values (the clamp is a second pass NumPy needs for the course's rule)."""
+    check_args(counts, x, bins)
     counts[:] = np.bincount(np.clip(x, 0, bins - 1), minlength=bins)
 
 
@@ -95,6 +107,7 @@ def _torch_cpu():
 @register("histogram", "cpu", "torch", baseline=True, requires=_torch_cpu)
 def hist_torch_cpu(counts, x, bins):
     """torch.bincount of the clamped values on the CPU (int64 counts, copied into counts)."""
+    check_args(counts, x, bins)
     import torch
 
     from .cpu_baselines import tviews
@@ -121,6 +134,7 @@ def hist_seq_cpu(counts, x, bins):
     """One loop: counts[clamp(x[i])] += 1. A load, a compare pair and an increment per element; with few
     bins the counters sit in L1. Predict ~1 element per ns: a few GB/s, below one core's copy speed when
     consecutive values hit the same counter (each increment waits for the previous one)."""
+    check_args(counts, x, bins)
     hist_seq(counts, x, bins)
 
 
@@ -147,6 +161,7 @@ def hist_private_cpu(counts, x, bins):
     """prange over P chunks, each counting into its own private histogram, then a sum over the P copies.
     No counter is shared, so no atomics and no false sharing: predict ~P x rung 1 (P cores), plus
     P*bins additions at the end (negligible until bins approaches n/P)."""
+    check_args(counts, x, bins)
     from ..compiler import get_num_threads
 
     P = max(1, min(get_num_threads(), x.size))
@@ -275,6 +290,7 @@ def hist_gpu_global(counts, x, bins):
     input over 256 bins: many updates per counter in flight, serialized at L2. Predict well below copy
     speed for 256 bins (~30-50 %), near it for many bins, and much worse for Zipf input, where one
     counter takes ~18 % of all updates."""
+    check_args(counts, x, bins)
     hist_global(counts, x, bins)
 
 
@@ -285,6 +301,7 @@ def hist_gpu_privatized(counts, x, bins):
     not in L2), then adds its non-zero counts to global memory: bins global atomics per block instead of
     one per element. Predict ~70 % of copy for uniform 256 bins; Zipf input still serializes the
     shared-memory atomics on the hot bin (predict ~2x slower than uniform)."""
+    check_args(counts, x, bins)
     hist_privatized(counts, x, bins, False)
 
 
@@ -302,6 +319,7 @@ def hist_gpu_warp_aggregated(counts, x, bins):
     bin) that cuts the colliding atomics up to 32x: predict skewed input near uniform speed (>= 50 % of
     copy); on uniform input over 256 bins groups are small and the match costs a little (predict rung 2's
     speed within ~10 %)."""
+    check_args(counts, x, bins)
     hist_privatized(counts, x, bins, True)
 
 
@@ -314,6 +332,7 @@ def _torch_gpu():
 @register("histogram", "gpu", "torch", baseline=True, requires=_torch_gpu)
 def hist_torch_gpu(counts, x, bins):
     """torch.bincount of the clamped values on the GPU (int64 counts, copied into counts)."""
+    check_args(counts, x, bins)
     import torch
 
     from .reductions import torch_view

@@ -92,8 +92,14 @@ def desc_key_np(x):
     return (~asc).astype(np.uint32)
 
 
+def check_k(x, k):
+    if not 0 <= int(k) <= x.size:
+        raise ValueError(f"topk: k must be in [0, n] = [0, {x.size}], got {k}")
+
+
 def reference_topk(x, k):
     """The k largest, ties by increasing index, NaN above +inf (see the module docstring)."""
+    check_k(x, k)
     isnan = np.isnan(x)
     order = np.lexsort((np.arange(x.size), np.where(isnan, 0.0, -x), ~isnan))[:k]
     return x[order], order.astype(np.int32)
@@ -268,6 +274,7 @@ def topk_radix_cpu(values, indices, x, k):
     stable radix sort of those keys with the indices as values puts equal values in index order; the first
     k indices are the answer. A full sort for k values: predict radix_sort's time at n (16n bytes x 4
     passes), whatever k is."""
+    check_k(x, k)
     n = x.size
     keys = np.empty(n, np.uint32)
     desc_key(np.ascontiguousarray(x), keys)
@@ -478,6 +485,7 @@ def topk_gather_kernel(values, indices, x, vo):
 
 
 def topk_gpu(values, indices, x, k):
+    check_k(x, k)
     n = x.size
     if k == 0:
         return
