@@ -17,7 +17,6 @@ Ops and shapes
   philox_uniform   seed, offset, n                           -> u (n,) float32 in [0, 1)
   dropout          x (n,) f32, p, seed, offset               -> y (n,)   y = keep ? x / (1 - p) : 0
   dropout_bwd      dy (n,) f32, p, seed, offset              -> dx (n,)  dx = keep ? dy / (1 - p) : 0
-  bias_gelu_dropout x (M,N), b (N,), p, seed, offset         -> y (M,N)  dropout(gelu_tanh(x + b)), flat index
 
 The stream (one convention for every op of the chapter, and for sampling's draws):
   element i of the stream (seed, offset) is word i % 4 of philox(ctr, key) with
@@ -39,7 +38,6 @@ Ladder
   dropout(_bwd)   cpu/numpy base, cpu/torch base (speed only: torch's stream differs), cpu/loop 1, cpu/prange 2,
                   gpu/torch base (speed only), gpu/thread4 1 (one thread per 4 elements, one Philox call, four
                   4-byte loads/stores), gpu/vec4 2 (the same with one 16-byte load and one 16-byte store)
-  bias_gelu_dropout  cpu/loop 1, gpu/fused_v4 1 (chapter 6's bias+GELU epilogue with the mask made in registers)
 """
 import math
 
