@@ -745,3 +745,24 @@ def _register_gpu(op, exclusive):
     _register_gpu("scan", False)
 (scan_exclusive_gpu_hillis_steele, scan_exclusive_gpu_blelloch, scan_exclusive_gpu_reduce_then_scan,
  scan_exclusive_gpu_lookback) = _register_gpu("scan_exclusive", True)
+
+
+# ------------------------------------------------------------------ chapter 15's predict-then-measure exercise
+def reference_scan_time(n, gbps):
+    """Predicted microseconds of a scan of n float32 at a streaming bandwidth of gbps GB/s (read + write
+    counted, as the copy yardstick counts them): column 0 reads x twice and writes once (12n bytes:
+    the two-pass CPU rung, reduce-then-scan on the GPU), column 1 reads once and writes once (8n bytes:
+    the single-pass look-back)."""
+    return np.stack([12.0 * n / (gbps * 1e3), 8.0 * n / (gbps * 1e3)], axis=1)
+
+
+def make_inputs_scan_time(size, dtype, rng):
+    (k,) = size
+    n = np.floor(2.0 ** rng.uniform(10, 30, k))
+    return n, rng.uniform(5.0, 4000.0, k)
+
+
+exercise_op("scan_time_prediction", reference=reference_scan_time, make_inputs=make_inputs_scan_time, chapter=15,
+            title="a scan's time from its bytes and a measured bandwidth", size_names=("k",), kind="memory",
+            output_names=("us",), tol=(1e-6, 0.0), flops=lambda s: 0, bytes=lambda s, b: 0,
+            sizes={"check": [(1,), (5,)], "check_sim": [(1,), (5,)], "bench": [(5,)]})

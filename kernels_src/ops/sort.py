@@ -42,7 +42,7 @@ import numpy as np
 from ..compiler import cuda, int32, njit, prange, uint32
 from .. import device
 from ..device import ceil_div
-from ..registry import define_op, register
+from ..registry import define_op, exercise_op, register
 from . import scan as scan_mod
 
 RADIX_BITS = 8
@@ -533,3 +533,33 @@ def topk_torch_gpu(values, indices, x, k):
     from .reductions import torch_view
 
     _torch_topk(values, indices, x, k, torch_view)
+
+
+# ------------------------------------------------------------------------- chapter 15's radix-pass exercise
+EX_BITS = 4  # the exercise's digit: 4 bits, 16 bins
+
+
+def reference_radix_pass(keys, vals, shift):
+    """One stable pass: (keys, vals) ordered by the digit (keys >> shift) & 15, equal digits in input order."""
+    order = np.argsort((keys >> np.uint32(shift)) & np.uint32(15), kind="stable")
+    return keys[order], vals[order]
+
+
+def make_inputs_radix_pass(size, dtype, rng):
+    n, shift = size
+    return rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), np.arange(n, dtype=np.int32), int(shift)
+
+
+def make_edge_inputs_radix_pass(size, dtype, rng):
+    """Few distinct digits (keys from a pool of six): stability decides almost every position."""
+    n, shift = size
+    keys, vals = make_edge_inputs((n,), dtype, rng)
+    return keys, vals, int(shift)
+
+
+exercise_op("radix_pass", reference=reference_radix_pass, make_inputs=make_inputs_radix_pass, chapter=15,
+            title="one stable radix pass on a 4-bit digit", size_names=("n", "shift"), kind="memory",
+            output_names=("keys_out", "vals_out"), tol=(0.0, 0.0), edge_inputs=make_edge_inputs_radix_pass,
+            flops=lambda s: 0, bytes=lambda s, b: 16 * s[0],
+            sizes={"check": [(1, 0), (7, 4), (1000, 28), (4099, 8)], "check_sim": [(1, 0), (7, 4), (97, 28)],
+                   "bench": [(1000, 0)]})
