@@ -81,7 +81,8 @@ def ladder_table(op: str, result: dict | None = None, size=None) -> str:
         got = (f"{plots._fmt_time(r['median_s'])}, {100 * r['frac_copy_bw']:.0f} % of copy"
                if r is not None and r.get("frac_copy_bw") else "not yet measured on the H100" if v.backend == "gpu"
                else "not in the book's data yet")
-        lines.append(f"| {v.backend} | {'base' if v.baseline else v.rung} | `{v.name}` | {v.summary} | "
+        what = " ".join(v.doc.split()).split(". ")[0].rstrip(".") + "."
+        lines.append(f"| {v.backend} | {'base' if v.baseline else v.rung} | `{v.name}` | {what} | "
                      f"{plots.prediction(op, v.name) or '–'} | {got} |")
     return "\n".join(lines)
 
@@ -97,7 +98,7 @@ def load_or_none(name: str):
 def sampling_demo(V=12, seed=3):
     """A small logits row with ties, for the chapter's picture and its check of the rules."""
     rng = np.random.default_rng(seed)
-    return (np.round(2.0 * rng.standard_normal(V) * 2) / 2).astype(np.float32)
+    return (np.round(0.8 * rng.standard_normal(V) * 2) / 2).astype(np.float32)
 
 
 __all__ = ["plot_uniforms", "plot_masks", "plot_cuts", "ladder_table", "load_or_none", "sampling_demo", "S"]
