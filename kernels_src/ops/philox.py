@@ -323,7 +323,7 @@ def philox_gpu(out, ctr, key):
 def _mulhi_gpu():
     """``requires=`` for the mulhi rung: umulhi exists on a real GPU (and in PTX), not in the simulator."""
     if device.MODE != "gpu":
-        return False, "cuda.mulhi needs a real GPU (the CUDA simulator has no mulhi)"
+        return False, "umulhi needs a real GPU (the CUDA simulator has no mulhi)"
     return True, ""
 
 
