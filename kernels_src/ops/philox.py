@@ -458,10 +458,14 @@ def dropout_inputs(size, dtype, rng):
 
 
 def dropout_edge_inputs(size, dtype, rng):
-    """p = 0, p = 1 or 1/3, with NaN, infinities and signed zeros in x (a dropped NaN must come out 0)."""
+    """p = 1, 1/3 or 1/2 with NaN and infinities in an eighth of x and signed zeros: a dropped NaN or infinity must
+    come out exactly 0 (a product by 0 would give NaN). p = 0 is tested by tests/test_ch16_random.py."""
     x, _, seed, offset = dropout_inputs(size, dtype, rng)
-    _sprinkle(x, rng, [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e30, -1e-30])
-    return x, float(rng.choice([0.0, 1.0, 1.0 / 3.0])), seed, offset
+    n_bad = max(1, x.size // 8)
+    pos = rng.permutation(x.size)[:n_bad]
+    x[pos] = rng.choice(np.array([np.nan, np.inf, -np.inf], dtype=x.dtype), size=pos.size)
+    _sprinkle(x, rng, [-0.0, 0.0, 1e30, -1e-30])
+    return x, float(rng.choice([1.0, 1.0 / 3.0, 0.5])), seed, offset
 
 
 DROPOUT_SIZES = {"check": [(1,), (3,), (7,), (257,), (1000,), (4099,)], "check_sim": [(1,), (7,), (130,)],

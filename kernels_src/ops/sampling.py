@@ -569,11 +569,16 @@ def top_p_count_ref(w, p):
 
 def top_p_count_inputs(size, dtype, rng):
     """Weights on a grid of 1/8 (ties; every sum exact in float32 and float64, so the ">=" boundary is met
-    exactly as often as it happens), a positive largest weight, and p on a grid of 1/8."""
+    exactly as often as it happens), a positive largest weight, and p on a grid of 1/8. Row 0 (V >= 5) holds
+    4, 2, 1, 1/2, 1/2 at random places and zeros elsewhere: its prefix sums 4, 6, 7, 7.5, 8 hit p * 8 exactly
+    for p = 1/2, 7/8 and 1, where an answer that wants "> p" instead of ">= p" keeps one token too many."""
     B, V = size
     w = (rng.integers(0, 9, size=(B, V)) / 8.0).astype(dtype)
     w[:, 0] = np.maximum(w[:, 0], 1.0)
-    return w, float(rng.choice([0.125, 0.25, 0.5, 0.625, 0.875, 1.0]))
+    if V >= 5:
+        w[0] = 0.0
+        w[0, rng.permutation(V)[:5]] = [4.0, 2.0, 1.0, 0.5, 0.5]
+    return w, float(rng.choice([0.25, 0.5, 0.625, 0.875, 1.0]))
 
 
 exercise_op("top_p_count", reference=top_p_count_ref, make_inputs=top_p_count_inputs, chapter=16,
