@@ -207,6 +207,55 @@ def sweep(out=None, B=4, H=16, S=2048, heads=(64, 128), repeat=10):
     return res
 
 
+# Rungs 6-7's candidates (kernels_src.ops.attention.make_flash2_kernel keywords) for D = 64: the tile, the
+# register tile per thread, blocks asked of the launch bounds (registers <= 65536 / (threads * minblocks)) and
+# the unroll of the inner loops.
+SWEEP2 = [dict(BR=64, BC=64, TM=8, TN=4, shuffle=True), dict(BR=64, BC=64, TM=8, TN=4, shuffle=True, unroll=1),
+          dict(BR=64, BC=64, TM=8, TN=4, shuffle=True, unroll=4), dict(BR=64, BC=64, TM=8, TN=4, shuffle=True, minblocks=3),
+          dict(BR=64, BC=32, TM=4, TN=4, shuffle=True), dict(BR=64, BC=32, TM=4, TN=4, shuffle=False),
+          dict(BR=64, BC=32, TM=8, TN=4, shuffle=True, minblocks=3), dict(BR=128, BC=32, TM=8, TN=4, shuffle=True, minblocks=2),
+          dict(BR=128, BC=32, TM=8, TN=4, shuffle=True, minblocks=3), dict(BR=64, BC=64, TM=8, TN=8, shuffle=True, minblocks=3),
+          dict(BR=32, BC=64, TM=4, TN=4, shuffle=True), dict(BR=64, BC=64, TM=4, TN=4, shuffle=True, minblocks=2)]
+
+
+def sweep2(out=None, B=4, H=16, S=2048, D=64, configs=None, repeat=10):
+    """Time rungs 6-7's kernel for each shape in SWEEP2 (causal and not) on the GPU, with its registers per
+    thread and its largest difference from rung 4's output on the same inputs (a wrong shape shows up here)."""
+    from .. import bench, device
+
+    cuda = device.cuda
+    rows = []
+    for mask in (0, 1):
+        size = (B, H, H, S, S, D, mask)
+        q, k, v, kv, causal = A.make_inputs(size, np.float32, np.random.default_rng(0))
+        args = [cuda.to_device(a) for a in (q, k, v, kv)]
+        o = cuda.device_array(q.shape, np.float32)
+        lse = cuda.device_array(q.shape[:3], np.float32)
+        A.flash(D, skip=True, **A.FLASH_CFG)(o, lse, *args, causal)
+        o_ref = o.copy_to_host()
+        for cfg in configs or SWEEP2:
+            try:
+                launch = A.make_flash2_kernel(D, **cfg)
+                t = bench._median(bench.time_gpu(launch, [(o, lse, *args, causal)], repeat=repeat))
+                regs = None
+                try:
+                    regs = int(next(iter(launch.kernel.get_regs_per_thread().values())))
+                except Exception:  # noqa: BLE001
+                    pass
+                err = float(np.max(np.abs(o.copy_to_host() - o_ref)))
+                rows.append({**cfg, "D": D, "mask": mask, "median_s": t, "threads": launch.config["threads"],
+                             "minblocks": launch.config["minblocks"], "smem_bytes": launch.config["smem_bytes"],
+                             "registers": regs, "max_abs_diff_vs_rung4": err, "tflops": A._flops(size) / t / 1e12})
+            except Exception as e:  # noqa: BLE001  (a shape that does not fit is a result too)
+                rows.append({**cfg, "D": D, "mask": mask, "error": f"{type(e).__name__}: {e}"[:300]})
+            print(rows[-1], flush=True)
+    res = {"what": "flash forward rungs 6-7 (make_flash2_kernel) shape sweep", "size": [B, H, H, S, S, D],
+           "rows": rows, "meta": bench.environment()}
+    if out:
+        bench.save_json(res, out)
+    return res
+
+
 def peak_memory(out=None, B=1, H=16, S=16384, D=64):
     """Device memory in use after one call of rung 1 (three kernels) and of rung 3 (flash), measured with
     cudaMemGetInfo around the call (inputs and outputs excluded), plus the time of each call."""

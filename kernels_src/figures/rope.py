@@ -344,6 +344,35 @@ def measure_decode(size=(1, 32, 8, 32768, 128), repeat=20) -> dict:
     return out
 
 
+def measure_vec_splits(sizes=((1, 32, 8, 4096, 128), (1, 32, 8, 32768, 128), (1, 32, 8, 131072, 128),
+                                (16, 32, 8, 4096, 128)), per_sm=(0.5, 1, 2, 3, 4, 6, 8, 12, 16), repeat=20) -> dict:
+    """Time decode rung 8 (the butterfly) and rung 7 at several split counts: ``per_sm`` blocks per SM in the
+    grid (splits = per_sm * SMs / (B * Hkv)). Chooses VEC_SPLITS_PER_SM from measurement, not from a model."""
+    from .. import bench, device
+    from ..ops import decode_attention as da
+
+    cuda = device.cuda
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    out = {"sms": sms, "meta": bench.environment(), "rows": []}
+    for size in sizes:
+        q, k, v, lengths = da.make_inputs(size, np.dtype("float32"), np.random.default_rng(0))
+        args = [cuda.to_device(a) for a in (q, k, v, lengths)]
+        b_n, hq, hkv, l_max, d = size
+        o = cuda.device_array((b_n, hq, d), dtype=np.float32)
+        nbytes = da._bytes(size, 4)
+        ref = da.reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), lengths)
+        for ps in per_sm:
+            s = max(1, int(round(ps * sms / (b_n * hkv))))
+            for name, fn in (("bfly", lambda *a, s=s: da.launch_bfly(*a, splits=s)),
+                             ("vec_shfl", lambda *a, s=s: da.launch_vec(True, *a, splits=s))):
+                t = float(np.median(bench.time_gpu(fn, [(o, *args)], repeat=repeat)))
+                err = float(np.max(np.abs(o.copy_to_host() - ref)))
+                out["rows"].append({"size": list(size), "variant": name, "per_sm": ps, "splits": s,
+                                    "median_s": t, "gbps": _gbps(nbytes, t), "max_abs_err": err})
+                print(out["rows"][-1], flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 2 or argv[0] != "measure":

@@ -25,6 +25,13 @@ Ladder (decode_attention)
                         staged in shared memory, an online softmax across tiles)
   gpu/splitk    rung 2  the same block body on a chunk of rows; S chunks so that ~4 blocks per SM run;
                         then the merge kernel
+  gpu/splitk_rows rung 3 no shared-memory tiles: each warp streams its own rows, a row's dot product
+                        summed across the warp through shared memory
+  gpu/splitk_shfl rung 4 rung 3 with the warp sums done by shuffles (real GPU)
+  gpu/splitk_waves rung 5 rung 4 with launch bounds (<= 128 registers) and the split count chosen from
+                        occupancy and waves (attention_plan.choose_splits)
+  gpu/vec_rows  rung 6  rows read as 16-byte loads, 8 rows per warp per step, 4 blocks per SM
+  gpu/vec_shfl  rung 7  rung 6 with shuffles (real GPU)
   gpu/sdpa      baseline torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)
   gpu/matmul    baseline the grouped step written with torch matmuls and softmax
 
@@ -34,13 +41,15 @@ Caches of 1024 rows or more are full (the benchmark counts every row); shorter o
 import math
 
 import numpy as np
-from ..compiler import cuda, float32, njit, prange
+from ..compiler import cuda, float32, load4, njit, prange
 
 from ..paths import BENCH_DATA
 from .. import device
 from ..device import ceil_div, needs_real_gpu
 from ..registry import define_op, register
-from .reductions import FAST_MATH, NEG_INF, ZERO, torch_gpu, torch_view
+from .attention_plan import blocks_per_sm, choose_splits
+from .reductions import FAST_MATH, NEG_INF, ONE, ZERO, torch_gpu, torch_view
+from .softmax import _aligned16
 
 
 # --------------------------------------------------------------------------------------- reference
@@ -625,7 +634,7 @@ WARPS = 4  # warps per block of rungs 3-4
 ROWS = 4  # cache rows per warp per step (their 2*ROWS*D/32 loads per lane are issued together)
 
 
-def make_rows_kernel(g, dpl, shuffle, rows=ROWS, nw=WARPS):
+def make_rows_kernel(g, dpl, shuffle, rows=ROWS, nw=WARPS, minblocks=None):
     """Block (split, b * Hkv + kv head); warp w takes rows base + w*rows .. +rows-1 of each step of
     nw*rows rows. Lane j holds dimensions j, j+32, ... (dpl of them) of q (G heads), of the rows it
     loads, and of its running output: no shared memory in the loop. A row's dot product is a sum over
@@ -651,7 +660,11 @@ def make_rows_kernel(g, dpl, shuffle, rows=ROWS, nw=WARPS):
         cuda.syncthreads()
         return s
 
-    @cuda.jit(fastmath=FAST_MATH)
+    opts = {"fastmath": FAST_MATH}
+    if minblocks and not device.SIMULATED:  # launch bounds: registers <= 65536 / (nt * minblocks)
+        opts["launch_bounds"] = (nt, minblocks)
+
+    @cuda.jit(**opts)
     def rows_kernel(o_part, lse, q, k, v, lengths, chunk):
         buf = cuda.shared.array(nt, float32)
         wm = cuda.shared.array((nw, g), float32)
@@ -751,10 +764,10 @@ def make_rows_kernel(g, dpl, shuffle, rows=ROWS, nw=WARPS):
     return rows_kernel
 
 
-def rows_kernel(g, dpl, shuffle):
-    key = ("rows", g, dpl, shuffle)
+def rows_kernel(g, dpl, shuffle, minblocks=None, rows=ROWS):
+    key = ("rows", g, dpl, shuffle, minblocks, rows)
     if key not in _kernels:
-        _kernels[key] = make_rows_kernel(g, dpl, shuffle)
+        _kernels[key] = make_rows_kernel(g, dpl, shuffle, rows=rows, minblocks=minblocks)
     return _kernels[key]
 
 
@@ -765,6 +778,36 @@ def launch_rows(shuffle, o, q, k, v, lengths):
     o_part = scratch((b_n, hq, s, d))
     lse = scratch((b_n, hq, s))
     rows_kernel(hq // hkv, ceil_div(d, 32), shuffle)[(s, b_n * hkv), 32 * WARPS](o_part, lse, q, k, v, lengths, chunk)
+    merge_kernel[b_n * hq, min(128, max(32, _dp(d)))](o, o_part, lse)
+
+
+def occupancy(kernel, threads, sig=SIG_DEC):
+    """Resident blocks per SM of a compiled kernel (attention_plan.blocks_per_sm from its registers and
+    shared memory), and the SM count. The kernel is compiled for ``sig`` first if it has not run yet."""
+    if not kernel.overloads:
+        kernel.compile(sig)
+    ov = next(iter(kernel.overloads.values()))
+    dev = cuda.get_current_device()
+    return blocks_per_sm(ov.regs_per_thread, threads, ov.shared_mem_per_block), dev.MULTIPROCESSOR_COUNT
+
+
+WAVES_MIN_BLOCKS = 4  # rung 5's launch bounds: 4 blocks of 128 threads per SM, at most 128 registers
+WAVES_MIN_ROWS = 256  # every split reads at least this many rows (the merge stays a small share of the bytes)
+
+
+def launch_waves(o, q, k, v, lengths, minblocks=WAVES_MIN_BLOCKS, rows=ROWS, min_rows=WAVES_MIN_ROWS):
+    """Rung 4's kernel with launch bounds, and a split count chosen from its occupancy and the waves it makes
+    (attention_plan.choose_splits) instead of ~4 blocks per SM."""
+    b_n, hq, d = q.shape
+    hkv, l_max = k.shape[1], k.shape[2]
+    kern = rows_kernel(hq // hkv, ceil_div(d, 32), True, minblocks=minblocks, rows=rows)
+    bps, sms = occupancy(kern, 32 * WARPS)
+    s = choose_splits(b_n * hkv, l_max, max(1, bps), sms, tile=WARPS * rows, min_rows=min_rows)
+    chunk = ceil_div(ceil_div(l_max, s), WARPS * rows) * WARPS * rows
+    s = ceil_div(l_max, chunk)
+    o_part = scratch((b_n, hq, s, d))
+    lse = scratch((b_n, hq, s))
+    kern[(s, b_n * hkv), 32 * WARPS](o_part, lse, q, k, v, lengths, chunk)
     merge_kernel[b_n * hq, min(128, max(32, _dp(d)))](o, o_part, lse)
 
 
@@ -785,6 +828,447 @@ def decode_attention_splitk_shfl(o, q, k, v, lengths):
     """Rung 3 with the warp sums done by shuffles (5 shfl_xor, no barrier): the loop has no
     synchronisation at all. Predict >= 80 % of copy bandwidth at B=1, Hkv=8, L=32768."""
     launch_rows(True, o, q, k, v, lengths)
+
+
+@register("decode_attention", "gpu", "splitk_waves", rung=5,
+          ptx=[(rows_kernel(4, 4, True, WAVES_MIN_BLOCKS), SIG_DEC), (merge_kernel, SIG_MERGE)],
+          requires=needs_real_gpu)
+def decode_attention_splitk_waves(o, q, k, v, lengths):
+    """Rung 4 with the split count chosen from occupancy: Nsight Compute showed rung 4 at 165 registers,
+    3 blocks per SM, and a grid of 1.29 waves (the last wave 29 % full, so every SM waits for it). Here
+    launch bounds cap registers at 128 (4 blocks per SM) and choose_splits picks the split count whose
+    grid wastes the least of its last wave. Predict >= 75 % of copy bandwidth at L = 32768."""
+    launch_waves(o, q, k, v, lengths)
+
+
+# ------------------------------------------------ GPU rungs 6-7: 16-byte rows, fewer instructions per byte
+# Nsight Compute and the SASS of rung 4 (kernels asm-style counts in chapter 10) show ~1000 instructions per
+# warp for each step of 4 cache rows (4 KiB of K and V): 32 scalar loads per lane, each with its own 64-bit
+# address arithmetic, and 80 shuffles. At ~1 warp-instruction per clock per SM sub-partition, that caps the
+# kernel near the copy bandwidth before it waits on memory at all. Rungs 6-7 read each row as one 16-byte
+# load per lane (lane j holds dimensions 4j .. 4j+3, then 128 + 4j ..), R rows per warp per step, every load of
+# the step issued before the first shuffle.
+VEC_ROWS = 8  # rows per warp per step (16 16-byte loads in flight per lane)
+
+
+def _vec_parts(g, dv, nw):
+    """Device functions shared by rungs 6-8 (their register layout: lane j holds dimensions 4j + 128c ..
+    4j + 128c + 3 of each row): the query load, and the merge of the block's nw warp states at the end."""
+    nt = 32 * nw
+
+    @cuda.jit(device=True, inline="always")
+    def load_q(qv, acc, q, b, kh, lane, scale):
+        d4 = q.shape[2] // 4
+        for gg in range(g):
+            qrow = (b * q.shape[1] + kh * g + gg) * d4
+            for cc in range(dv):
+                e = lane + 32 * cc
+                x0 = x1 = x2 = x3 = ZERO
+                if e < d4:
+                    x0, x1, x2, x3 = load4(q, qrow + e)
+                i = (gg * dv + cc) * 4
+                qv[i] = x0 * scale
+                qv[i + 1] = x1 * scale
+                qv[i + 2] = x2 * scale
+                qv[i + 3] = x3 * scale
+                for u in range(4):
+                    acc[i + u] = ZERO
+
+    @cuda.jit(device=True, inline="always")
+    def load_rows(kr, vr, k, v, head0, r0, hi, lane, rows):
+        d4 = k.shape[3] // 4
+        for r in range(rows):  # issue every load of the step first
+            row = r0 + r
+            for cc in range(dv):
+                e = lane + 32 * cc
+                x0 = x1 = x2 = x3 = ZERO
+                y0 = y1 = y2 = y3 = ZERO
+                if row < hi and e < d4:
+                    x0, x1, x2, x3 = load4(k, (head0 + row) * d4 + e)
+                    y0, y1, y2, y3 = load4(v, (head0 + row) * d4 + e)
+                i = (r * dv + cc) * 4
+                kr[i] = x0
+                kr[i + 1] = x1
+                kr[i + 2] = x2
+                kr[i + 3] = x3
+                vr[i] = y0
+                vr[i + 1] = y1
+                vr[i + 2] = y2
+                vr[i + 3] = y3
+
+    @cuda.jit(device=True, inline="always")
+    def merge_warps(o_part, lse, wm, wl, wacc, acc, b, kh, split, w, lane, tid):
+        """Every warp has written its (m, l) into wm, wl; here its outputs go to wacc, then the block merges
+        the nw states in warp order and writes the split's partial output and lse."""
+        d_n = o_part.shape[3]
+        for gg in range(g):
+            for cc in range(dv):
+                for u in range(4):
+                    wacc[w, gg, 4 * (lane + 32 * cc) + u] = acc[(gg * dv + cc) * 4 + u]
+        cuda.syncthreads()
+        for j in range(tid, g * d_n, nt):
+            gg = j // d_n
+            d = j % d_n
+            mm = NEG_INF
+            for ww in range(nw):
+                mm = max(mm, wm[ww, gg])
+            tot = ZERO
+            o = ZERO
+            if mm != NEG_INF:
+                for ww in range(nw):
+                    e = math.exp(wm[ww, gg] - mm) if wm[ww, gg] != NEG_INF else ZERO
+                    tot += wl[ww, gg] * e
+                    o += wacc[ww, gg, d] * e
+            o_part[b, kh * g + gg, split, d] = o / tot if tot > ZERO else ZERO
+            if d == 0:
+                lse[b, kh * g + gg, split] = mm + math.log(tot) if tot > ZERO else NEG_INF
+
+    @cuda.jit(device=True, inline="always")
+    def empty_split(o_part, lse, b, kh, split, tid):
+        d_n = o_part.shape[3]
+        for j in range(tid, g * d_n, nt):
+            o_part[b, kh * g + j // d_n, split, j % d_n] = ZERO
+        if tid < g:
+            lse[b, kh * g + tid, split] = NEG_INF
+
+    return load_q, load_rows, merge_warps, empty_split
+
+
+def make_vec_kernel(g, dv, shuffle, rows=VEC_ROWS, nw=WARPS, minblocks=None):
+    """Block (split, b * Hkv + kv head), ``nw`` warps; warp w takes rows base + w*rows .. + rows - 1 of each
+    step of nw*rows rows. Lane j holds dimensions 4j + 128c .. 4j + 128c + 3 (c < dv) of q (its G heads), of
+    the rows it loads and of its running outputs. A row's dot product is summed across the warp by shuffles
+    (``shuffle``) or, for the simulator, through shared memory."""
+    nt = 32 * nw
+    dpad = 128 * dv
+    n_q, n_kv, n_sc = 4 * g * dv, 4 * rows * dv, rows * g
+    load_q, load_rows, merge_warps, empty_split = _vec_parts(g, dv, nw)
+    opts = {"fastmath": FAST_MATH}
+    if minblocks and not device.SIMULATED:
+        opts["launch_bounds"] = (nt, minblocks)
+
+    @cuda.jit(device=True, inline="always")
+    def warp_sum(v, buf, tid):
+        if shuffle:
+            off = 16
+            while off > 0:
+                v += cuda.shfl_xor_sync(0xFFFFFFFF, v, off)
+                off //= 2
+            return v
+        buf[tid] = v
+        cuda.syncthreads()
+        w0 = tid - tid % 32
+        s = ZERO
+        for c in range(32):
+            s += buf[w0 + c]
+        cuda.syncthreads()
+        return s
+
+    @cuda.jit(**opts)
+    def vec_kernel(o_part, lse, q, k, v, lengths, chunk):
+        buf = cuda.shared.array(nt, float32)
+        wm = cuda.shared.array((nw, g), float32)
+        wl = cuda.shared.array((nw, g), float32)
+        wacc = cuda.shared.array((nw, g, dpad), float32)
+        qv = cuda.local.array(n_q, float32)
+        acc = cuda.local.array(n_q, float32)
+        kr = cuda.local.array(n_kv, float32)
+        vr = cuda.local.array(n_kv, float32)
+        sc = cuda.local.array(n_sc, float32)
+        m = cuda.local.array(g, float32)
+        ls = cuda.local.array(g, float32)
+        split = cuda.blockIdx.x
+        hkv = k.shape[1]
+        b = cuda.blockIdx.y // hkv
+        kh = cuda.blockIdx.y % hkv
+        tid = cuda.threadIdx.x & (nt - 1)
+        lane = tid % 32
+        w = tid // 32
+        scale = float32(1.0) / math.sqrt(float32(q.shape[2]))
+        n = lengths[b]
+        c = filled_chunk(n, cuda.gridDim.x, chunk)
+        lo = split * c
+        hi = min(n, lo + c)
+        if lo >= hi:  # a split past the filled rows: an empty partial, nothing read
+            empty_split(o_part, lse, b, kh, split, tid)
+            return
+        load_q(qv, acc, q, b, kh, lane, scale)
+        for gg in range(g):
+            m[gg] = NEG_INF
+            ls[gg] = ZERO
+        head0 = (b * hkv + kh) * k.shape[2]  # first cache row of this (b, kv head)
+        for base in range(lo, hi, nw * rows):  # the same trip count for every warp of the block
+            r0 = base + w * rows
+            load_rows(kr, vr, k, v, head0, r0, hi, lane, rows)
+            for r in range(rows):
+                for gg in range(g):
+                    part = ZERO
+                    for x in range(4 * dv):
+                        part += qv[gg * 4 * dv + x] * kr[r * 4 * dv + x]
+                    sc[r * g + gg] = warp_sum(part, buf, tid)
+            for gg in range(g):
+                mt = NEG_INF
+                for r in range(rows):
+                    if r0 + r < hi:
+                        mt = max(mt, sc[r * g + gg])
+                m_new = max(m[gg], mt)
+                if m_new == NEG_INF:  # this warp had no valid row yet
+                    continue
+                alpha = math.exp(m[gg] - m_new) if m[gg] != NEG_INF else ZERO
+                tot = ZERO
+                for x in range(4 * dv):
+                    acc[gg * 4 * dv + x] *= alpha
+                for r in range(rows):
+                    p = math.exp(sc[r * g + gg] - m_new) if r0 + r < hi else ZERO
+                    tot += p
+                    for x in range(4 * dv):
+                        acc[gg * 4 * dv + x] += p * vr[r * 4 * dv + x]
+                ls[gg] = ls[gg] * alpha + tot
+                m[gg] = m_new
+        if lane == 0:
+            for gg in range(g):
+                wm[w, gg] = m[gg]
+                wl[w, gg] = ls[gg]
+        merge_warps(o_part, lse, wm, wl, wacc, acc, b, kh, split, w, lane, tid)
+
+    return vec_kernel
+
+
+def vec_kernel(g, dv, shuffle, rows=VEC_ROWS, minblocks=None):
+    key = ("vec", g, dv, shuffle, rows, minblocks)
+    if key not in _kernels:
+        _kernels[key] = make_vec_kernel(g, dv, shuffle, rows=rows, minblocks=minblocks)
+    return _kernels[key]
+
+
+VEC_MIN_BLOCKS = 4  # launch bounds of rungs 6-7: 4 blocks of 128 threads per SM (<= 128 registers)
+VEC_SPLITS_PER_SM = 2  # blocks per SM the split count aims at: the best of 0.5-16 in decode_vec_splits_gpu.json
+
+
+def vec_splits(pairs, l_max, sms, per_sm=VEC_SPLITS_PER_SM, step=WARPS * VEC_ROWS):
+    """Splits for rungs 6-7: the smallest count whose grid puts ``per_sm`` blocks on every SM (pairs * s >=
+    per_sm * sms), each split at least one step of rows; at least 1."""
+    s = max(1, ceil_div(per_sm * sms, max(1, pairs)))
+    return max(1, min(s, ceil_div(l_max, step)))
+
+
+def launch_vec(shuffle, o, q, k, v, lengths, rows=VEC_ROWS, minblocks=VEC_MIN_BLOCKS, splits=None):
+    b_n, hq, d = q.shape
+    hkv, l_max = k.shape[1], k.shape[2]
+    if d % 4 or not _aligned16(q, k, v):  # 16-byte loads need 16-byte rows: rung 3/4's kernel takes the rest
+        launch_rows(shuffle, o, q, k, v, lengths)
+        return
+    step = WARPS * rows
+    sms = 16 if device.SIMULATED else cuda.get_current_device().MULTIPROCESSOR_COUNT
+    s = splits or vec_splits(b_n * hkv, l_max, sms, step=step)
+    chunk = ceil_div(ceil_div(l_max, s), step) * step
+    s = ceil_div(l_max, chunk)
+    o_part = scratch((b_n, hq, s, d))
+    lse = scratch((b_n, hq, s))
+    kern = vec_kernel(hq // hkv, ceil_div(d, 128), shuffle, rows=rows, minblocks=minblocks)
+    kern[(s, b_n * hkv), 32 * WARPS](o_part, lse, q, k, v, lengths, chunk)
+    merge_kernel[b_n * hq, min(128, max(32, _dp(d)))](o, o_part, lse)
+
+
+@register("decode_attention", "gpu", "vec_rows", rung=6,
+          ptx=[(vec_kernel(4, 1, False, minblocks=VEC_MIN_BLOCKS), SIG_DEC), (merge_kernel, SIG_MERGE)])
+def decode_attention_vec_rows(o, q, k, v, lengths):
+    """Each cache row read as one 16-byte load per lane (8 rows per warp per step, 16 loads in flight per
+    lane), warp sums through shared memory (the simulator's twin of rung 7), and a grid of 4 blocks per SM.
+    Rung 4 spends ~1000 instructions per 4 KiB step; here the loads and their address arithmetic shrink 4x."""
+    launch_vec(False, o, q, k, v, lengths)
+
+
+@register("decode_attention", "gpu", "vec_shfl", rung=7,
+          ptx=[(vec_kernel(4, 1, True, minblocks=VEC_MIN_BLOCKS), SIG_DEC), (merge_kernel, SIG_MERGE)],
+          requires=needs_real_gpu)
+def decode_attention_vec_shfl(o, q, k, v, lengths):
+    """Rung 6 with the warp sums done by shuffles. Predict >= 85 % of copy bandwidth at L = 32768, where
+    rung 4 measured 50 %."""
+    launch_vec(True, o, q, k, v, lengths)
+
+
+# ------------------------------------------- GPU rung 8: a butterfly that sums 32 dot products at once
+# In rung 7 each of the step's rows x G dot products is summed across the warp on its own: 5 shuffles and
+# 5 adds each, 320 of the ~1160 instructions of a step (8 rows, G = 4). A reduce-scatter butterfly sums all
+# of them together: at each of 5 levels, lane pairs that differ in one bit swap half of their remaining
+# partial sums, so 16 + 8 + 4 + 2 + 1 = 31 shuffles leave lane j holding the complete sum number j. The
+# softmax is then done once per (row, head) by the lane that holds it (one exp per lane instead of 32), and
+# the weights reach every lane through 128 bytes of shared memory.
+@cuda.jit(device=True, inline="always")
+def butterfly_level(vals, lane, o, h):
+    """One level of the reduce-scatter: lanes whose bit ``o`` is set keep the upper half of vals[0 .. 2h-1]
+    and send the lower half to their partner (lane ^ o), which does the opposite; each adds what it gets.
+    Afterwards vals[0 .. h-1] hold sums over the pair. (o and h are constants where it is inlined.)"""
+    up = (lane & o) != 0
+    for i in range(h):
+        a = vals[i]
+        b = vals[i + h]
+        keep = b if up else a
+        send = a if up else b
+        vals[i] = keep + cuda.shfl_xor_sync(0xFFFFFFFF, send, o)
+
+
+def bfly_rows(g):
+    """Rows per warp step of rung 8: rows * g sums per step, a power of two of at most 32 (8 rows while g <= 4)."""
+    return max(1, min(VEC_ROWS, 32 // g))
+
+
+def make_bfly_kernel(g, dv, nw=WARPS, minblocks=None):
+    """Rung 7's block and register layout with the butterfly above. Needs g a power of two <= 32; with
+    NV = rows * g < 32 sums, the butterfly runs log2(NV) levels from bit 16 down and the remaining low lane
+    bits are summed by plain shuffles, so lanes j and j' with j >> SH == j' >> SH hold the same sum."""
+    rows = bfly_rows(g)
+    nv = rows * g
+    levels = nv.bit_length() - 1
+    assert nv == 1 << levels and g & (g - 1) == 0
+    sh = 5 - levels  # lane j holds sum number j >> sh
+    nt = 32 * nw
+    dpad = 128 * dv
+    n_q, n_kv = 4 * g * dv, 4 * rows * dv
+    load_q, load_rows, merge_warps, empty_split = _vec_parts(g, dv, nw)
+    opts = {"fastmath": FAST_MATH}
+    if minblocks and not device.SIMULATED:
+        opts["launch_bounds"] = (nt, minblocks)
+    align = None if device.SIMULATED else 16
+
+    @cuda.jit(**opts)
+    def bfly_kernel(o_part, lse, q, k, v, lengths, chunk):
+        pw = cuda.shared.array((nw, 32), float32, alignment=align)  # this step's weights p[r * g + gg]
+        aw = cuda.shared.array((nw, 32), float32)  # this step's rescale factor of each head
+        wm = cuda.shared.array((nw, g), float32)
+        wl = cuda.shared.array((nw, g), float32)
+        wacc = cuda.shared.array((nw, g, dpad), float32)
+        qv = cuda.local.array(n_q, float32)
+        acc = cuda.local.array(n_q, float32)
+        kr = cuda.local.array(n_kv, float32)
+        vr = cuda.local.array(n_kv, float32)
+        vals = cuda.local.array(nv, float32)
+        split = cuda.blockIdx.x
+        hkv = k.shape[1]
+        b = cuda.blockIdx.y // hkv
+        kh = cuda.blockIdx.y % hkv
+        tid = cuda.threadIdx.x & (nt - 1)
+        lane = tid % 32
+        w = tid // 32
+        scale = float32(1.0) / math.sqrt(float32(q.shape[2]))
+        n = lengths[b]
+        c = filled_chunk(n, cuda.gridDim.x, chunk)
+        lo = split * c
+        hi = min(n, lo + c)
+        if lo >= hi:
+            empty_split(o_part, lse, b, kh, split, tid)
+            return
+        load_q(qv, acc, q, b, kh, lane, scale)
+        mine = lane >> sh  # the sum this lane ends with: row mine // g, head mine % g
+        rmine = mine // g
+        m_l = NEG_INF  # running max and sum of head mine % g (the same in every lane of that head)
+        l_l = ZERO
+        head0 = (b * hkv + kh) * k.shape[2]
+        for base in range(lo, hi, nw * rows):
+            r0 = base + w * rows
+            load_rows(kr, vr, k, v, head0, r0, hi, lane, rows)
+            for r in range(rows):
+                for gg in range(g):
+                    part = ZERO
+                    for x in range(4 * dv):
+                        part += qv[gg * 4 * dv + x] * kr[r * 4 * dv + x]
+                    vals[r * g + gg] = part
+            if levels > 0:  # level k: lane bit 16 >> k, half nv >> (k + 1); levels is a constant
+                butterfly_level(vals, lane, 16, nv // 2)
+            if levels > 1:
+                butterfly_level(vals, lane, 8, nv // 4)
+            if levels > 2:
+                butterfly_level(vals, lane, 4, nv // 8)
+            if levels > 3:
+                butterfly_level(vals, lane, 2, nv // 16)
+            if levels > 4:
+                butterfly_level(vals, lane, 1, 1)
+            o = 16 >> levels
+            s = vals[0]
+            while o > 0:  # lane bits the butterfly did not reach: a plain sum
+                s += cuda.shfl_xor_sync(0xFFFFFFFF, s, o)
+                o //= 2
+            valid = r0 + rmine < hi
+            if not valid:
+                s = NEG_INF
+            mt = s  # the step's max of this head: over the lanes holding its other rows
+            o = g << sh
+            while o < 32:
+                mt = max(mt, cuda.shfl_xor_sync(0xFFFFFFFF, mt, o))
+                o *= 2
+            m_new = max(m_l, mt)
+            alpha = ONE
+            p = ZERO
+            if m_new != NEG_INF:
+                alpha = math.exp(m_l - m_new) if m_l != NEG_INF else ZERO
+                if valid:
+                    p = math.exp(s - m_new)
+                m_l = m_new
+            ts = p  # the step's sum of this head's weights
+            o = g << sh
+            while o < 32:
+                ts += cuda.shfl_xor_sync(0xFFFFFFFF, ts, o)
+                o *= 2
+            l_l = l_l * alpha + ts
+            cuda.syncwarp()  # every lane is done reading the previous step's weights
+            if (lane & ((1 << sh) - 1)) == 0:  # one lane per sum writes it
+                pw[w, mine] = p
+                if rmine == 0:
+                    aw[w, mine] = alpha
+            cuda.syncwarp()
+            for gg in range(g):
+                al = aw[w, gg]
+                for x in range(4 * dv):
+                    acc[gg * 4 * dv + x] *= al
+            for r in range(rows):
+                for gg in range(g):
+                    pp = pw[w, r * g + gg]
+                    for x in range(4 * dv):
+                        acc[gg * 4 * dv + x] += pp * vr[r * 4 * dv + x]
+        if rmine == 0 and (lane & ((1 << sh) - 1)) == 0:  # one lane per head holds the warp's (m, l)
+            wm[w, mine] = m_l
+            wl[w, mine] = l_l
+        merge_warps(o_part, lse, wm, wl, wacc, acc, b, kh, split, w, lane, tid)
+
+    return bfly_kernel
+
+
+def bfly_kernel(g, dv, minblocks=None):
+    key = ("bfly", g, dv, minblocks)
+    if key not in _kernels:
+        _kernels[key] = make_bfly_kernel(g, dv, minblocks=minblocks)
+    return _kernels[key]
+
+
+def launch_bfly(o, q, k, v, lengths, minblocks=VEC_MIN_BLOCKS, splits=None):
+    b_n, hq, d = q.shape
+    hkv, l_max = k.shape[1], k.shape[2]
+    g = hq // hkv
+    if d % 4 or g & (g - 1) or g > 32 or not _aligned16(q, k, v):
+        launch_vec(True, o, q, k, v, lengths)  # rung 7 takes what the butterfly cannot
+        return
+    step = WARPS * bfly_rows(g)
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    s = splits or vec_splits(b_n * hkv, l_max, sms, step=step)
+    chunk = ceil_div(ceil_div(l_max, s), step) * step
+    s = ceil_div(l_max, chunk)
+    o_part = scratch((b_n, hq, s, d))
+    lse = scratch((b_n, hq, s))
+    bfly_kernel(g, ceil_div(d, 128), minblocks)[(s, b_n * hkv), 32 * WARPS](o_part, lse, q, k, v, lengths, chunk)
+    merge_kernel[b_n * hq, min(128, max(32, _dp(d)))](o, o_part, lse)
+
+
+@register("decode_attention", "gpu", "bfly", rung=8,
+          ptx=[(bfly_kernel(4, 1, VEC_MIN_BLOCKS), SIG_DEC), (bfly_kernel(1, 1, VEC_MIN_BLOCKS), SIG_DEC),
+               (merge_kernel, SIG_MERGE)],
+          requires=needs_real_gpu)
+def decode_attention_bfly(o, q, k, v, lengths):
+    """Rung 7 with the step's rows x G dot products summed by one reduce-scatter butterfly (31 shuffles for 32
+    sums, not 160), the softmax done once per (row, head) by the lane holding it, and the weights passed
+    through shared memory. Predict ~2x fewer instructions per byte than rung 7 and >= 85 % of copy bandwidth
+    at L = 32768."""
+    launch_bfly(o, q, k, v, lengths)
 
 
 def make_edge_inputs(size, dtype, rng):
