@@ -100,7 +100,7 @@ def test_unsupported_calls_name_role_shape_and_what_exists():
     with pytest.raises(D.UnsupportedCall) as e:
         d.decide("attention", {"B": 1, "H": 2, "S": 64, "D": 256})
     msg = str(e.value)
-    assert "'attention'" in msg and "D=256" in msg and "attention/gpu/flash_causal" in msg and "D <= 128" in msg
+    assert "'attention'" in msg and "D=256" in msg and "attention/gpu/flash_shfl" in msg and "D <= 128" in msg
     assert "attention/gpu/row" in msg
     with pytest.raises(D.UnsupportedCall, match=r"qgemv_q8_0.*K=40.*K a multiple of 32"):
         d.decide("qgemv_q8_0", {"N": 64, "K": 40})

@@ -187,8 +187,9 @@ POLICIES: dict[str, list[Rule]] = {
                         "write in one pass (ch 10)")],
     "rope_qkv_bwd": [_fixed("qkv_rope_bwd/cpu/prange", "qkv_rope_bwd/gpu/thread", why="one thread per pair (ch 13)")],
     "attention": [
-        _fixed("attention/cpu/simd", "attention/gpu/flash_causal", "attention/gpu/row",
-               why="flash tiles that stop at the causal diagonal (ch 9); the simulator runs the row kernel",
+        _fixed("attention/cpu/simd", "attention/gpu/flash_shfl", "attention/gpu/row",
+               why="flash tiles read by 16-byte shared loads, skipped above the causal diagonal (ch 9, rung 7); "
+                   "the simulator runs the row kernel",
                when=lambda s, t: s["D"] <= _FLASH_D, limit=f"D <= {_FLASH_D}"),
         Rule("wide_head", {"cpu": "", "gpu": "attention/gpu/row", "sim": "attention/gpu/row"},
              "flash tiles do not fit 48 KiB of shared memory above D = 128: one block per query row",
@@ -213,10 +214,10 @@ POLICIES: dict[str, list[Rule]] = {
                    why="the mean loss (ch 7)")],
     "adamw": [_fixed("adamw/cpu/prange", "adamw/gpu/fused_ilp4", "adamw/gpu/fused",
                      why="one fused pass over p, g, m, v (ch 12)")],
-    "decode_attention": [_fixed("decode_attention/cpu/prange", "decode_attention/gpu/splitk_shfl",
+    "decode_attention": [_fixed("decode_attention/cpu/prange", "decode_attention/gpu/bfly",
                                 "decode_attention/gpu/block",
-                                why="flash-decoding: the cache split over blocks, rows per warp with shuffle sums; the "
-                                "rows per split follow the filled length (ch 10)")],
+                                why="flash-decoding: the cache split over 2 blocks per SM, 16-byte rows, the step's dot "
+                                "products summed by one butterfly; the rows per split follow the filled length (ch 10)")],
     **{f"qgemv_{f}": [_fixed(f"qgemv_{f}/cpu/fused_prange", f"qgemv_{f}/gpu/rows", f"qgemv_{f}/gpu/warp_per_row",
                              why="dequantize in registers while reading packed weights (ch 11)",
                              when=lambda s, t: s["K"] % 32 == 0, limit="K a multiple of 32")] for f in ("q8_0", "q4_0")},

@@ -49,6 +49,14 @@ METRIC_SETS = {
                "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
                "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
                "smsp__sass_inst_executed_op_shared_ld.sum", "smsp__sass_inst_executed_op_shared_st.sum"),
+    # the instruction mix (warp-level counts, and thread-level counts of each kind) and the launch's waves
+    "instructions": ("smsp__inst_executed.sum", "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum",
+                     "smsp__sass_thread_inst_executed_op_fp32_pred_on.sum",
+                     "smsp__sass_thread_inst_executed_op_integer_pred_on.sum",
+                     "smsp__inst_executed_pipe_fma.sum", "smsp__inst_executed_pipe_alu.sum",
+                     "smsp__inst_executed_pipe_lsu.sum", "smsp__inst_executed_pipe_xu.sum",
+                     "launch__waves_per_multiprocessor", "launch__occupancy_limit_registers",
+                     "launch__occupancy_limit_shared_mem"),
 }
 METRIC_SETS["all"] = tuple(dict.fromkeys(m for s in METRIC_SETS.values() for m in s))
 DURATION = "gpu__time_duration.sum"
@@ -63,6 +71,11 @@ SHORT = {"gpu__time_duration.sum": "time (ns)", "dram__bytes_read.sum": "DRAM re
          "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": "FMA pipe %",
          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": "smem load bank conflicts",
          "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum": "smem store bank conflicts"}
+SHORT.update({"smsp__inst_executed.sum": "warp instructions", "launch__waves_per_multiprocessor": "waves",
+              "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": "FFMA (thread)",
+              "smsp__sass_thread_inst_executed_op_integer_pred_on.sum": "integer (thread)",
+              "launch__occupancy_limit_registers": "block limit (registers)",
+              "launch__occupancy_limit_shared_mem": "block limit (shared memory)"})
 SHORT.update({STALL_PREFIX + r + STALL_SUFFIX: f"stall {r}" for r in STALL_REASONS})
 
 
