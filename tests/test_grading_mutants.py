@@ -76,6 +76,18 @@ MUTANTS = [
      "du_bc[i] = -lr * m"),
     ("ch12_optimizers", "q3", "epsilon inside the square root", "(math.sqrt(v / (1.0 - beta2)) + eps)",
      "(math.sqrt(v / (1.0 - beta2) + eps))"),
+    ("ch15_scan_histogram_sort", "q1", "carry not added", "out[g] = carry + buf[t]", "out[g] = buf[t]"),
+    ("ch15_scan_histogram_sort", "q2", "flush adds 1, not the count", "cuda.atomic.add(counts, j, sh[j])",
+     "cuda.atomic.add(counts, j, 1)"),
+    ("ch15_scan_histogram_sort", "q3", "scatter walks backwards (unstable)", "for i in range(keys.size):\n        d = (keys[i]",
+     "for i in range(keys.size - 1, -1, -1):\n        d = (keys[i]"),
+    ("ch15_scan_histogram_sort", "q4", "two-pass reads x once", "us[i, 0] = 12.0 * n[i]", "us[i, 0] = 8.0 * n[i]"),
+    ("ch16_random_dropout_sampling", "q1", "key bumped before the first round", "if r > 0:", "if r >= 0:"),
+    ("ch16_random_dropout_sampling", "q1", "high and low halves swapped", "(p1 >> S32) ^ c1 ^ k0, p1 & LO",
+     "(p1 & LO) ^ c1 ^ k0, p1 >> S32"),
+    ("ch16_random_dropout_sampling", "q2", "dropped element multiplied by 0", "y[i] = 0.0", "y[i] = x[i] * 0.0"),
+    ("ch16_random_dropout_sampling", "q2", "words rotated", "words[j] >> uint64(8)", "words[(j + 1) % 4] >> uint64(8)"),
+    ("ch16_random_dropout_sampling", "q3", "boundary > instead of >=", "if acc >= p * total:", "if acc > p * total:"),
 ]
 
 

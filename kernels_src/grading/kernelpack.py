@@ -93,7 +93,11 @@ def _function_kind(v):
         if fm is None:
             fm = (getattr(v, "targetoptions", {}) or {}).get("fastmath", False)
         fm = sorted(fm) if isinstance(fm, (set, frozenset, list, tuple)) else bool(fm)
-        return ("cuda_device" if device else "cuda_kernel"), {"fastmath": fm}, fn
+        opts = {"fastmath": fm}
+        inline = (getattr(v, "targetoptions", {}) or {}).get("inline")  # the simulator keeps no options
+        if device and inline and inline != "never":
+            opts["inline"] = inline
+        return ("cuda_device" if device else "cuda_kernel"), opts, fn
     if Dispatcher and isinstance(v, Dispatcher):
         opts = {}
         for k in NJIT_OPTIONS:
@@ -489,6 +493,8 @@ def build(source_path: str, pack: dict) -> dict:
             kw = {"device": p["kind"] == "cuda_device"}
             if fm:
                 kw["fastmath"] = fm
+            if opts.get("inline") and kw["device"]:  # a non-inlined device function asks for the current
+                kw["inline"] = opts["inline"]  # device when compiled to PTX: with no GPU, that fails
             made[fname] = device.cuda.jit(**kw)(fn)
     for fname, obj in made.items():
         ns[fname] = obj
