@@ -315,3 +315,74 @@ def ncu_summary(txt, out=None):
 
         bench.save_json(res, out)
     return res
+
+
+# ------------------------------------------------------------------ Nsight Compute tables (chapters 9 and 10)
+_NCU_COLS = (("launch__registers_per_thread", "registers / thread", "{:.0f}"),
+             ("launch__occupancy_limit_registers", "blocks / SM by registers", "{:.0f}"),
+             ("launch__occupancy_limit_shared_mem", "blocks / SM by shared memory", "{:.0f}"),
+             ("sm__maximum_warps_per_active_cycle_pct", "theoretical occupancy %", "{:.1f}"),
+             ("sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy %", "{:.1f}"),
+             ("launch__waves_per_multiprocessor", "waves", "{:.2f}"),
+             ("smsp__issue_active.avg.pct_of_peak_sustained_active", "issue slots busy %", "{:.1f}"),
+             ("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active", "FMA pipe busy %", "{:.1f}"),
+             ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM % of peak", "{:.1f}"))
+
+
+def ncu_rows(result) -> dict:
+    """Per profiled variant: its ``total`` (kernels/tools/profile.py) plus derived counts: integer instructions
+    per FFMA (thread-level), FFMA share of all thread instructions, GPU time in µs, top stall reasons."""
+    from ..tools.profile import stall_breakdown
+
+    out = {}
+    for name, r in result["variants"].items():
+        if "total" not in r:
+            continue
+        t = dict(r["total"])
+        ffma = t.get("smsp__sass_thread_inst_executed_op_ffma_pred_on.sum")
+        integer = t.get("smsp__sass_thread_inst_executed_op_integer_pred_on.sum")
+        if ffma and integer is not None:
+            t["int_per_ffma"] = integer / ffma
+        t["time_us"] = t.get("gpu__time_duration.sum", 0) / 1e3
+        t["kernel_us"] = [(k["name"].split("[")[0].split("(")[0], k.get("gpu__time_duration.sum", 0) / 1e3)
+                          for k in r["kernels"]]
+        try:
+            t["stalls"] = stall_breakdown(result, name, top=3)
+        except KeyError:
+            t["stalls"] = []
+        out[name] = t
+    return out
+
+
+def ncu_table(result, variants=None) -> str:
+    """Markdown: one row per variant with the launch limits, occupancy, instruction mix and top stalls."""
+    rows = ncu_rows(result)
+    names = [n for n in (variants or rows) if n in rows]
+    cols = [c for c in _NCU_COLS if any(c[0] in rows[n] for n in names)]
+    head = ["variant", "GPU time (µs)"] + [c[1] for c in cols] + ["integer instr. per FFMA", "top stalls (warps per issue)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n in names:
+        t = rows[n]
+        cells = [f"`{n}`", f"{t['time_us']:,.1f}"]
+        cells += [c[2].format(t[c[0]]) if isinstance(t.get(c[0]), (int, float)) else "–" for c in cols]
+        cells.append(f"{t['int_per_ffma']:.2f}" if "int_per_ffma" in t else "–")
+        cells.append(", ".join(f"{s} {v:.2f}" for s, v in t["stalls"]) or "–")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def sweep2_table(result) -> str:
+    """Markdown of the rungs 6-7 shape sweep: per shape, threads, registers, times and TFLOP/s."""
+    by = {}
+    for r in result["rows"]:
+        if "median_s" not in r:
+            continue
+        key = (r["BR"], r["BC"], r["TM"], r["TN"], r["shuffle"], r.get("minblocks"), r.get("unroll", 2))
+        by.setdefault(key, {"threads": r["threads"], "registers": r.get("registers")})[r["mask"]] = r
+    out = ["| BR x BC | per thread | shuffles | blocks asked / SM | unroll | threads | registers | non-causal | causal | "
+           "TFLOP/s (n-c) |", "|" + "---|" * 10]
+    for (br, bc, tm, tn, sh, mb, un), v in sorted(by.items(), key=lambda kv: kv[1].get(0, {}).get("median_s", 1)):
+        t0, t1 = v.get(0, {}).get("median_s"), v.get(1, {}).get("median_s")
+        out.append(f"| {br} x {bc} | {tm} x {tn} | {'yes' if sh else 'no'} | {mb} | {un} | {v['threads']} | "
+                   f"{v['registers']} | {t0 * 1e3:.2f} ms | {t1 * 1e3:.2f} ms | {v[0]['tflops']:.1f} |")
+    return "\n".join(out)
