@@ -256,6 +256,72 @@ def sweep2(out=None, B=4, H=16, S=2048, D=64, configs=None, repeat=10):
     return res
 
 
+# Backward rung 2's candidates for D = 64 (keywords of make_dkdv2_kernel / make_dq2_kernel): at D = 64 the side
+# whose outputs a block owns is fixed at 32 (BC of dK/dV, BR of dQ); the other side, the threads along keys in
+# the score product, the unroll of the accumulations and the blocks asked of the launch bounds vary.
+SWEEP_BWD2 = {"dkdv": [dict(BR=32, BC=32, NTX=16), dict(BR=32, BC=32, NTX=8), dict(BR=32, BC=32, NTX=16, unroll=2),
+                       dict(BR=32, BC=32, NTX=16, minblocks=3), dict(BR=16, BC=32, NTX=16),
+                       dict(BR=16, BC=32, NTX=8, minblocks=5)],
+              "dq": [dict(BR=32, BC=32, NTX=8), dict(BR=32, BC=32, NTX=16), dict(BR=32, BC=32, NTX=8, unroll=2),
+                     dict(BR=32, BC=32, NTX=8, minblocks=3), dict(BR=32, BC=16, NTX=8),
+                     dict(BR=32, BC=16, NTX=8, minblocks=5)]}
+
+
+def sweep_bwd2(out=None, B=4, H=16, S=2048, D=64, configs=None, repeat=10):
+    """Time backward rung 2's dK/dV kernel and dQ kernel separately for each shape in SWEEP_BWD2 (causal and
+    not) on the GPU, with registers per thread and the largest difference from rung 1's dK, dV or dQ on the
+    same inputs; and the whole rung 2 (pre-pass + both kernels, default tiles) and rung 1 for scale."""
+    from .. import bench, device
+
+    cuda = device.cuda
+    rows = []
+    configs = configs or SWEEP_BWD2
+    for mask in (0, 1):
+        size = (B, H, H, S, S, D, mask)
+        q, k, v, kv, causal = A.make_inputs(size, np.float32, np.random.default_rng(0))
+        q, k, v, kvd = (cuda.to_device(a) for a in (q, k, v, kv))
+        o = cuda.device_array(q.shape, np.float32)
+        lse = cuda.device_array(q.shape[:3], np.float32)
+        A.flash(D, skip=True, **A.FLASH_CFG)(o, lse, q, k, v, kvd, causal)
+        do = cuda.to_device(np.random.default_rng(1).standard_normal(q.shape).astype(np.float32))
+        dq, dk, dv = (cuda.device_array(a.shape, np.float32) for a in (q, k, v))
+        full = (dq, dk, dv, do, q, k, v, o, lse, kvd, causal)
+        for name, fn in (("flash2", A.attention_bwd_flash2), ("flash2_vec", A.attention_bwd_flash2_vec)):
+            t = bench._median(bench.time_gpu(fn, [full], repeat=repeat))
+            rows.append({"kernel": "all", "variant": name, "D": D, "mask": mask, "median_s": t,
+                         "tflops_useful": 2 * A._flops(size) / t / 1e12})
+            print(rows[-1], flush=True)
+        A.attention_bwd_flash2(*full)  # rung 1's outputs, the yardstick
+        ref = {"dq": dq.copy_to_host(), "dk": dk.copy_to_host(), "dv": dv.copy_to_host()}
+        dr = A._scratch("dr", q.shape[:3])  # Dr of these inputs, left by the call above
+        for kind, make in (("dkdv", A.make_dkdv2_kernel), ("dq", A.make_dq2_kernel)):
+            for cfg in configs[kind]:
+                try:
+                    launch = make(D, **cfg)
+                    args = (dk, dv, do, q, k, v, lse, dr, kvd, causal) if kind == "dkdv" else \
+                        (dq, do, q, k, v, lse, dr, kvd, causal)
+                    t = bench._median(bench.time_gpu(launch, [args], repeat=repeat))
+                    regs = None
+                    try:
+                        regs = int(next(iter(launch.kernel.get_regs_per_thread().values())))
+                    except Exception:  # noqa: BLE001
+                        pass
+                    got = {"dq": dq} if kind == "dq" else {"dk": dk, "dv": dv}
+                    err = max(float(np.max(np.abs(a.copy_to_host() - ref[n]))) for n, a in got.items())
+                    rows.append({"kernel": kind, **cfg, "D": D, "mask": mask, "median_s": t,
+                                 "threads": launch.config["threads"], "minblocks": launch.config["minblocks"],
+                                 "smem_bytes": launch.config["smem_bytes"], "registers": regs,
+                                 "max_abs_diff_vs_rung1": err})
+                except Exception as e:  # noqa: BLE001  (a shape that does not fit is a result too)
+                    rows.append({"kernel": kind, **cfg, "D": D, "mask": mask,
+                                 "error": f"{type(e).__name__}: {e}"[:300]})
+                print(rows[-1], flush=True)
+    res = {"what": "attention backward rung 2 (make_dkdv2_kernel, make_dq2_kernel) shape sweep",
+           "size": [B, H, H, S, S, D], "rows": rows, "meta": bench.environment()}
+    if out:
+        bench.save_json(res, out)
+    return res
+
 def peak_memory(out=None, B=1, H=16, S=16384, D=64):
     """Device memory in use after one call of rung 1 (three kernels) and of rung 3 (flash), measured with
     cudaMemGetInfo around the call (inputs and outputs excluded), plus the time of each call."""
