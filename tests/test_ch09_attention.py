@@ -126,7 +126,7 @@ def test_backward_edge_inputs(key):
         _check(key, op_name, size, inputs, (5e-3, 5e-3))
 
 
-@pytest.mark.parametrize("key", ["attention_bwd/cpu/prange", "attention_bwd/gpu/flash2"])
+@pytest.mark.parametrize("key", ["attention_bwd/cpu/prange", "attention_bwd/gpu/flash2", "attention_bwd/gpu/flash2_vec"])
 def test_backward_is_deterministic(key):
     """No atomics: two runs give the same bits (GQA, so several heads feed each dK, dV)."""
     size = (2, 4, 2, 9, 11, 16, 1) if "gpu" in key else (2, 4, 2, 37, 41, 32, 3)

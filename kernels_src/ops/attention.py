@@ -1461,9 +1461,19 @@ def flash2(D, shuffle, **cfg):
     return _cached(key, lambda: make_flash2_kernel(D, shuffle=shuffle, **cfg))
 
 
+def flash2_fits(D, shuffle) -> bool:
+    """Rungs 6-7 handle head size D: 16-byte rows, a thread's output columns a whole number of float4 groups
+    (D a multiple of 4 * keys-per-row-group), and the tiles inside the 48 KiB of static shared memory."""
+    cfg = flash2_config(D, shuffle)
+    ntx = cfg["BC"] // cfg["TN"]
+    smem = 4 * (D * cfg["BR"] + max(D * cfg["BC"], cfg["BC"] * cfg["BR"]) + cfg["BC"] * D
+                + (0 if shuffle else cfg["BR"] * ntx))
+    return D % 16 == 0 and D % (4 * ntx) == 0 and smem <= SMEM_LIMIT
+
+
 def _launch_flash2(shuffle, o, lse, q, k, v, kv_len, causal):
     D = q.shape[3]
-    if D % 16 or not _aligned16(o, q, k, v):  # 16-byte loads need 16-byte rows: rung 5 takes the rest
+    if not flash2_fits(D, shuffle) or not _aligned16(o, q, k, v):  # rung 5 takes the rest
         flash(D, skip=True, **_tuned_cfg(D))(o, lse, q, k, v, kv_len, causal)
         return
     flash2(D, shuffle)(o, lse, q, k, v, kv_len, causal)

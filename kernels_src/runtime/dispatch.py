@@ -195,8 +195,9 @@ POLICIES: dict[str, list[Rule]] = {
              "flash tiles do not fit 48 KiB of shared memory above D = 128: one block per query row",
              lambda s, t: s["D"] <= _ROW_D, limit=f"D <= {_ROW_D}"),
     ],
-    "attention_bwd": [_fixed("attention_bwd/cpu/prange", "attention_bwd/gpu/flash2",
-                             why="FlashAttention-2 backward, recomputing P (ch 9)",
+    "attention_bwd": [_fixed("attention_bwd/cpu/prange", "attention_bwd/gpu/flash2_vec",
+                             why="two flash kernels (dK/dV per key tile, dQ per query tile) recomputing P, 16-byte "
+                                 "shared loads, no atomics (ch 9, rung 2)",
                              when=lambda s, t: s["D"] <= _FLASH_D, limit=f"D <= {_FLASH_D}"),
                       Rule("any_head", {"cpu": "attention_bwd/cpu/prange"}, "the CPU backward has no tile limit")],
     "heads_merge": [_fixed("heads_merge/cpu/prange", "heads_merge/gpu/thread", why="a permute (ch 13)")],
