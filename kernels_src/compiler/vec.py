@@ -53,8 +53,8 @@ elif _MLIR:
 
     def _vector_type(arr):
         name = {_types.float32: "float32x4", _types.int32: "int32x4", _types.uint32: "uint32x4"}.get(arr.dtype)
-        if name is None or arr.layout != "C" or arr.ndim > 3:
-            raise TypeError(f"load4/store4 need a C-contiguous array (1-D to 3-D) of float32, int32 or uint32, "
+        if name is None or arr.layout != "C" or arr.ndim > 4:
+            raise TypeError(f"load4/store4 need a C-contiguous array (1-D to 4-D) of float32, int32 or uint32, "
                             f"not {arr}")
         return getattr(_vt, name)
 
@@ -73,11 +73,18 @@ elif _MLIR:
                 n = arr.shape[1]
                 v = _cuda.vector.load(arr, (j // n, j % n), 4, alignment=16)
                 return v.x, v.y, v.z, v.w
-        else:
+        elif arr.ndim == 3:
             def impl(arr, i):
                 j = 4 * i
                 n1, n2 = arr.shape[1], arr.shape[2]
                 v = _cuda.vector.load(arr, (j // (n1 * n2), (j // n2) % n1, j % n2), 4, alignment=16)
+                return v.x, v.y, v.z, v.w
+        else:
+            def impl(arr, i):
+                j = 4 * i
+                n1, n2, n3 = arr.shape[1], arr.shape[2], arr.shape[3]
+                v = _cuda.vector.load(arr, (j // (n1 * n2 * n3), (j // (n2 * n3)) % n1, (j // n3) % n2, j % n3), 4,
+                                      alignment=16)
                 return v.x, v.y, v.z, v.w
         return impl
 
@@ -92,11 +99,17 @@ elif _MLIR:
                 j = 4 * i
                 n = arr.shape[1]
                 _cuda.vector.store(arr, (j // n, j % n), vec(a, b, c, d), alignment=16)
-        else:
+        elif arr.ndim == 3:
             def impl(arr, i, a, b, c, d):
                 j = 4 * i
                 n1, n2 = arr.shape[1], arr.shape[2]
                 _cuda.vector.store(arr, (j // (n1 * n2), (j // n2) % n1, j % n2), vec(a, b, c, d), alignment=16)
+        else:
+            def impl(arr, i, a, b, c, d):
+                j = 4 * i
+                n1, n2, n3 = arr.shape[1], arr.shape[2], arr.shape[3]
+                _cuda.vector.store(arr, (j // (n1 * n2 * n3), (j // (n2 * n3)) % n1, (j // n3) % n2, j % n3),
+                                   vec(a, b, c, d), alignment=16)
         return impl
 
 else:
