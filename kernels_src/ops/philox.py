@@ -49,6 +49,8 @@ from ..device import ceil_div
 from ..registry import EDGE_INPUTS, define_op, register
 from ..registry import sprinkle as _sprinkle
 from .cpu_baselines import torch_cpu, tviews
+from .reductions import torch_gpu
+from .softmax import _aligned16
 
 # ------------------------------------------------------------------------------------------- constants
 ROUNDS = 10
@@ -545,14 +547,6 @@ def dropout_vec4_kernel(y, x, t, scale, k0, k1, o0, o1):
 D_SIG = f"void({F1D}, {F1D}, {SCALARS})"
 
 
-def _aligned16(*arrays):
-    for a in arrays:
-        cai = getattr(a, "__cuda_array_interface__", None)
-        if cai is not None and cai["data"][0] % 16:
-            return False
-    return True
-
-
 def dropout_cpu(y, x, p, seed, offset):
     """@njit loop over groups of four: one Philox call gives the four random words of a group; the mask is
     never stored."""
@@ -605,19 +599,6 @@ def dropout_torch_cpu(y, x, p, seed, offset):
 
     ty, tx = tviews(y, x)
     ty.copy_(torch.nn.functional.dropout(tx, p, training=True))
-
-
-def torch_gpu():
-    """``requires=`` for torch's GPU dropout: a real GPU and torch with CUDA."""
-    if device.MODE != "gpu":
-        return False, "torch baselines need a real GPU"
-    try:
-        import torch
-    except ImportError:
-        return False, "torch is not installed"
-    if not torch.cuda.is_available():
-        return False, "torch cannot see the GPU"
-    return True, ""
 
 
 def dropout_torch_gpu(y, x, p, seed, offset):
