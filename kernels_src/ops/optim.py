@@ -34,8 +34,9 @@ Edge cases (tested in tests/test_ch12_optimizers.py):
     (0.9, 0.999);
   * NaN gradient: CHOSEN BEHAVIOUR: the NaN propagates, as in torch: p', m', v' of that element become
     NaN and every other element is unaffected (the step is elementwise). Skipping the step on a non-finite
-    gradient is the job of a loss scaler (torch.amp.GradScaler checks before stepping), not of the update
-    kernel. With global-norm clipping, one NaN makes the norm NaN and therefore EVERY parameter NaN.
+    gradient is the job of a loss scaler (torch.amp.GradScaler checks before stepping; optim_mixed.py has
+    one), not of the update kernel. With global-norm clipping, one NaN makes the norm NaN and therefore EVERY
+    parameter NaN; one inf makes the scale 0 (see ``clip_scale``).
 
 Ladder
   sgd_momentum  cpu/loop        rung 1  one @njit loop, heavy-ball or Nesterov by a flag
@@ -53,10 +54,17 @@ Ladder
   adamw_multi   gpu/per_tensor  rung 1  T tensors packed in one buffer, one launch per tensor
   adamw_multi   gpu/flat        rung 2  one launch over the whole buffer (possible because it is packed)
   adamw_multi   gpu/multi_tensor rung 3 one launch over an (offset, length) table of 2048-parameter chunks
+                                        (torch's and apex's multi_tensor_apply use 65,536-element chunks)
   adamw_multi   gpu/torch       base    torch.optim.AdamW(fused=True) over the T tensors
   adamw_clip    cpu/loop        rung 1  norm loop, then the update loop with the scale
   adamw_clip    gpu/unfused     rung 1  norm (reduction), g*s written to a buffer, fused update: 40 B/param
   adamw_clip    gpu/fused       rung 2  reduction pass, then the update scales g on the fly: 32 B/param
+  adamw_clip    gpu/two_pass    rung 3  rung 2 with a deterministic norm: per-block partials stored, then
+                                        summed by one block in a fixed order (no float atomics)
+
+Non-finite gradients under clipping (one rule for the reference, the CPU and the GPU variants, torch's): see
+``clip_scale``. NaN anywhere: every output NaN. An inf (no NaN): the scale is 0, finite gradients become 0
+and the infinite one NaN, so only that parameter (and its m, v) is NaN.
 
 Small ops behind the chapter's exercises: ``adam_first_update`` (the first step with and without bias
 correction), ``fp16_update_vanishes`` (does p + u round back to p in float16?), and
@@ -120,14 +128,27 @@ def adamw_multi_reference(p, g, m, v, lengths, step, lr, beta1, beta2, eps, wd):
 
 
 def clip_scale(g, max_norm):
-    """torch.nn.utils.clip_grad_norm_'s factor: min(1, max_norm / (||g||_2 + 1e-6)) (NaN if g has NaN)."""
+    """torch.nn.utils.clip_grad_norm_'s factor, s = min(1, max_norm / (||g||_2 + 1e-6)), with its rule for
+    non-finite gradients (THE rule of every adamw_clip variant):
+
+      * a NaN anywhere: the norm is NaN and s is NaN, so every scaled gradient, and every parameter, is NaN;
+      * an inf (and no NaN): the norm is inf and s = max_norm / inf = 0. Every finite gradient becomes
+        0 * g = +-0 (that parameter takes a step with a zero gradient: it decays, and moves by its momentum),
+        and the infinite one becomes 0 * inf = NaN, so that parameter alone (and its m, v) is NaN.
+
+    torch does exactly this: clip_grad_norm_ multiplies the gradients in place by the clamped coefficient
+    (torch.clamp(NaN, max=1) stays NaN), and AdamW turns the NaN gradient into a NaN parameter."""
     norm = np.sqrt(np.sum(np.asarray(g, dtype=np.float64) ** 2))
-    return min(1.0, max_norm / (norm + CLIP_EPS)) if np.isfinite(norm) else norm
+    if np.isnan(norm):
+        return norm
+    return min(1.0, max_norm / (norm + CLIP_EPS))  # norm = inf gives exactly 0.0
 
 
 def adamw_clip_reference(p, g, m, v, step, lr, beta1, beta2, eps, wd, max_norm):
     """float64 oracle: clip the gradient to global norm max_norm, then one AdamW step."""
-    return adamw_reference(p, clip_scale(g, max_norm) * g, m, v, step, lr, beta1, beta2, eps, wd)
+    with np.errstate(invalid="ignore"):  # 0 * inf = NaN: the rule of clip_scale
+        gs = clip_scale(g, max_norm) * np.asarray(g, dtype=np.float64)
+    return adamw_reference(p, gs, m, v, step, lr, beta1, beta2, eps, wd)
 
 
 def trajectory(step_fn, state, grads, hyper, with_step=True):
@@ -206,6 +227,19 @@ def make_inputs_clip(size, dtype, rng):
     """AdamW inputs plus max_norm = 0.5 sqrt(n): the gradient (norm ~ sqrt(n)) is scaled by ~0.5."""
     (n,) = size
     return (*make_inputs_adamw(size, dtype, rng), 0.5 * math.sqrt(n))
+
+
+def make_edge_inputs_clip(size, dtype, rng):
+    """Clipping's edge values: one infinite gradient (sign drawn), zeros, -0.0 and 1e-30 elsewhere. By the
+    rule of ``clip_scale`` the norm is inf, the scale 0: finite gradients become +-0 and the infinite one NaN,
+    so exactly one parameter comes out NaN. (A NaN gradient makes every output NaN: tested apart.)"""
+    inputs = list(make_inputs_clip(size, dtype, rng))
+    g = inputs[1]
+    vals = [float(rng.choice([np.inf, -np.inf])), 0.0, -0.0, 1e-30, -1e-30]
+    pos = rng.permutation(g.size)[: len(vals)]
+    for k, x in zip(pos, vals):
+        g[k] = x
+    return tuple(inputs)
 
 
 def make_edge_inputs(size, dtype, rng):
@@ -290,7 +324,7 @@ define_op("adamw_multi", reference=adamw_multi_reference, make_inputs=make_input
 define_op("adamw_clip", reference=adamw_clip_reference, make_inputs=make_inputs_clip, chapter=12,
           title="AdamW with global-norm gradient clipping", size_names=("n",), kind="memory",
           tol=(2e-5, 2e-6),  # + the scale, a sum of n squares in fp32 partials (relative error ~ 1e-7 log n)
-          output_names=ADAM_OUT, sizes=SIZES_1D, flops=lambda s: 15 * s[0], bytes=lambda s, b: 8 * s[0] * b)
+          edge_inputs=make_edge_inputs_clip, output_names=ADAM_OUT, sizes=SIZES_1D, flops=lambda s: 15 * s[0], bytes=lambda s, b: 8 * s[0] * b)
 
 
 # ========================================================================================== CPU
@@ -376,8 +410,11 @@ def _sumsq(g):
 
 
 def _clip_from_sumsq(sumsq, max_norm):
-    norm = math.sqrt(sumsq) if sumsq == sumsq else float("nan")
-    return min(1.0, max_norm / (norm + CLIP_EPS)) if math.isfinite(norm) else norm
+    """clip_scale's rule from the sum of squares: NaN stays NaN; inf gives max_norm / inf = 0 (finite
+    gradients become 0, an infinite one 0 * inf = NaN), never inf (which turned every parameter into NaN)."""
+    if sumsq != sumsq:
+        return float("nan")
+    return min(1.0, max_norm / (math.sqrt(sumsq) + CLIP_EPS))
 
 
 @njit(cache=True)
@@ -690,6 +727,53 @@ def adam_clip_kernel(p_new, m_new, v_new, p, g, m, v, sumsq, max_norm, decay, b1
                                                  omb2, step_size, inv_sqrt_bc2, eps)
 
 
+@cuda.jit
+def sumsq_partials_kernel(partials, g):
+    # partials[b] = block b's sum of g^2 over its fixed grid-stride share: the same tree as sumsq_kernel, but
+    # the block's total is STORED in its own slot, not added atomically (the order of atomics is not fixed)
+    buf = cuda.shared.array(THREADS, float32)
+    t = cuda.threadIdx.x
+    acc = float32(0.0)
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < g.size:
+        acc += g[i] * g[i]
+        i += stride
+    buf[t] = acc
+    cuda.syncthreads()
+    s = THREADS // 2
+    while s > 0:
+        if t < s:
+            buf[t] += buf[t + s]
+        cuda.syncthreads()
+        s //= 2
+    if t == 0:
+        partials[cuda.blockIdx.x] = buf[0]
+
+
+@cuda.jit
+def sum_partials_kernel(out, partials):
+    # one block: thread t adds partials[t], partials[t + THREADS], ... in index order, then the same tree:
+    # a fixed order of additions, so the same bits on every run
+    buf = cuda.shared.array(THREADS, float32)
+    t = cuda.threadIdx.x
+    acc = float32(0.0)
+    i = t
+    while i < partials.size:
+        acc += partials[i]
+        i += THREADS
+    buf[t] = acc
+    cuda.syncthreads()
+    s = THREADS // 2
+    while s > 0:
+        if t < s:
+            buf[t] += buf[t + s]
+        cuda.syncthreads()
+        s //= 2
+    if t == 0:
+        out[0] = buf[0]
+
+
 REDUCE_BLOCKS = 1024  # blocks of the norm pass: enough to fill an H100 (132 SMs x 8), few atomics
 SIG_SUMSQ = f"void({V1}, {V1})"
 SIG_SCALE_NORM = f"void({V1}, {V1}, {V1}, float32)"
@@ -749,6 +833,43 @@ def adamw_clip_fused(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, ep
     decay, _, *rest = _adam_coeffs(step, lr, beta1, beta2, eps, wd)
     adam_clip_kernel[ceil_div(n, THREADS), THREADS](p_new, m_new, v_new, p, g, m, v, sumsq, np.float32(max_norm),
                                                     decay, *rest)
+
+
+def _sumsq_two_pass_gpu(g):
+    """sum g^2 in a fixed order: per-block partials to an array, then one block adds them up."""
+    blocks = min(REDUCE_BLOCKS, max(1, ceil_div(g.shape[0], THREADS)))
+    partials = _buffer("partials", blocks)
+    out = _buffer("sumsq", 1)
+    sumsq_partials_kernel[blocks, THREADS](partials, g)
+    sum_partials_kernel[1, THREADS](out, partials)
+    return out
+
+
+@register("adamw_clip", "gpu", "two_pass", rung=3,
+          ptx=[(sumsq_partials_kernel, SIG_SUMSQ), (sum_partials_kernel, SIG_SUMSQ), (adam_clip_kernel, SIG_CLIP)])
+def adamw_clip_two_pass(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps, wd, max_norm):
+    """Rung 2 made deterministic: each block of the norm pass stores its partial sum in its own slot
+    (instead of an atomic add, whose order changes from run to run and with it the last bits of the
+    norm), and a one-block pass adds the partials in index order. Same bytes (+8 KB), one more launch of a
+    single block: predict rung 2's time within a few microseconds, and the same bits on every run."""
+    n = p.shape[0]
+    if n == 0:
+        return
+    sumsq = _sumsq_two_pass_gpu(g)
+    decay, _, *rest = _adam_coeffs(step, lr, beta1, beta2, eps, wd)
+    adam_clip_kernel[ceil_div(n, THREADS), THREADS](p_new, m_new, v_new, p, g, m, v, sumsq, np.float32(max_norm),
+                                                    decay, *rest)
+
+
+def clip_sumsq_bits(g, deterministic, runs):
+    """The float32 bit patterns of the norm pass's sum of g^2 over ``runs`` runs on the same device array
+    ``g``: the atomic pass of rungs 1-2 (``deterministic=False``) or the two-pass one. For the determinism
+    measurement (kernels_src.figures.optim.measure_clip_determinism)."""
+    out = []
+    for _ in range(runs):
+        s = (_sumsq_two_pass_gpu(g) if deterministic else _sumsq_gpu(g)).copy_to_host()
+        out.append(int(s.view(np.uint32)[0]))
+    return out
 
 
 # ================================================================================ torch baselines
