@@ -195,3 +195,75 @@ def ncu_metrics(path=None) -> dict:
             if line.strip().startswith(label) and key not in cur:
                 cur[key] = float(line.split()[-1].replace(",", ""))
     return out
+
+
+# ============================================================================ the error model (Delta^2 / 12)
+def markdown_error_model(rows) -> str:
+    """The error-model table: per weights and format, the Gaussian formula, the prediction from the
+    blocks' own steps, the measured RMS, measured/predicted, SNR, and the outliers' share."""
+    t = ["| weights | format | Gaussian formula | predicted from the blocks' Δ | measured | measured / predicted | "
+         "SNR (dB) | blocks with an outlier | their share of the squared error |", "|" + "---|" * 9]
+    for r in rows:
+        g = f"{r['gauss']:.3e}" if r["gauss"] is not None else "–"
+        t.append(f"| {r['weights']} | {r['format']} | {g} | {r['predicted']:.3e} | {r['measured']:.3e} | "
+                 f"{r['ratio']:.3f} | {r['snr_db']:.1f} | {100 * r['outlier_blocks']:.1f} % | "
+                 f"{100 * r['outlier_share']:.0f} % |")
+    return "\n".join(t)
+
+
+def plot_error_model(weights, row_with_outlier=None, axes=None):
+    """Three panels. (1) The rounding error divided by its block's step, on Gaussian weights: flat on
+    [-1/2, 1/2] (the uniform model), with Q4_0's clamped weights beyond. (2) Predicted against measured RMS
+    error for each set of weights and format. (3) One row with an outlier: each block's Q4_0 step and
+    measured RMS error; the outlier inflates its own block's step only."""
+    import matplotlib.pyplot as plt
+
+    from ..ops import quant_error as qe
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8)) if axes is None else (axes[0].figure, axes)
+    ax = axes[0]
+    g = weights["Gaussian"][0]
+    bins = np.linspace(-1.0, 1.0, 81)
+    for fmt, c in (("q8_0", "#2e75b6"), ("q4_0", "#c55a11")):
+        e = qe.roundtrip_error(g, fmt).reshape(g.shape[0], -1, q.QK)
+        u = (e / qe.block_steps(g, fmt)[..., None]).ravel()
+        ax.hist(u, bins=bins, density=True, histtype="step", lw=1.5, color=c, label=fmt.upper())
+    ax.plot([-0.5, -0.5, 0.5, 0.5], [0, 1, 1, 0], "k--", lw=1, label="uniform on [-Δ/2, Δ/2]")
+    ax.set_yscale("log")
+    ax.set_ylim(1e-3, 3)
+    ax.set_xlabel("error / Δ (Gaussian weights)")
+    ax.set_ylabel("density")
+    ax.set_title("rounding error in units of the step", fontsize=10)
+    ax.legend(fontsize=8, loc="lower center")
+
+    ax = axes[1]
+    rows = qe.error_model_rows(weights)
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["predicted"] for r in rows], 0.4, color="#bdd7ee", ec="k", label="predicted √(mean Δ²/12)")
+    ax.bar(x + 0.2, [r["measured"] for r in rows], 0.4, color="#f4b183", ec="k", label="measured")
+    gx = [i for i, r in enumerate(rows) if r["gauss"] is not None]
+    ax.plot(gx, [rows[i]["gauss"] for i in gx], "k*", ms=9, label="Gaussian formula (E[amax²])")
+    ax.set_yscale("log")
+    ax.set_xticks(x, [f"{r['format']}\n{r['weights']}" for r in rows], fontsize=7)
+    ax.set_ylabel("RMS error")
+    ax.set_title("prediction against measurement", fontsize=10)
+    ax.legend(fontsize=7)
+
+    ax = axes[2]
+    W = weights["Gaussian + outliers"][0] if row_with_outlier is None else row_with_outlier
+    ob = qe.outlier_blocks(W)
+    r = int(np.argmax(ob.any(axis=1))) if row_with_outlier is None else 0
+    Wr = np.asarray(W)[r:r + 1]
+    pred, meas = qe.block_rms(Wr, "q4_0")
+    b = np.arange(pred.shape[1])
+    ax.step(b, pred[0], where="mid", color="#c55a11", lw=1.2, label="predicted Δ/√12 (Q4_0 step of the block)")
+    ax.plot(b, meas[0], ".", color="k", ms=4, label="measured RMS error of the block")
+    ax.axhline(np.abs(Wr).max() / 8 / np.sqrt(12), color="#7f7f7f", ls=":", lw=1,
+               label="Δ/√12 with one scale for the row")
+    ax.set_yscale("log")
+    ax.set_ylabel("RMS error")
+    ax.set_xlabel(f"block along row {r} (32 weights each)")
+    ax.set_title("an outlier inflates only its own block's Δ", fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return axes
