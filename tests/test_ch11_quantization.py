@@ -141,3 +141,106 @@ def test_committed_h100_json_has_the_ladder():
         d = kernels_src.bench.load_json(Path(__file__).parents[1] / f"book/data/bench/h100/qgemv_{fmt}_gpu.json")
         names = {r["variant"] for r in d["rows"] if r.get("size") == [8192, 8192] and "median_s" in r}
         assert {"torch", "fp32_gemv", "rows", "q8act"} <= names
+
+
+# ---------------------------------------------------------------------------- the error model (quant_error)
+from kernels_src.ops import quant_error as qe  # noqa: E402
+
+
+def test_gaussian_amax_moments_against_closed_forms_and_sampling():
+    # n = 1: amax = |x|, so E = sqrt(2/pi) and E[x^2] = 1 exactly
+    m1, m2 = qe.gaussian_amax_moments(n=1)
+    assert m1 == pytest.approx(np.sqrt(2 / np.pi), rel=1e-6) and m2 == pytest.approx(1.0, rel=1e-6)
+    # n = 32 against 200 000 sampled blocks: within 5 standard errors
+    a = np.abs(np.random.default_rng(3).standard_normal((200_000, 32))).max(1)
+    m1, m2 = qe.gaussian_amax_moments(n=32)
+    assert abs(m1 - a.mean()) < 5 * a.std() / np.sqrt(a.size)
+    assert abs(m2 - (a * a).mean()) < 5 * (a * a).std() / np.sqrt(a.size)
+
+
+def test_uniform_model_on_gaussian_weights():
+    """Q8_0's only departure from Delta^2/12 on Gaussian weights is the block's largest weight, which comes
+    back exact: the measured MSE is 31/32 of the prediction. Q4_0's clamped side adds a little back."""
+    W = (np.random.default_rng(4).standard_normal((256, 4096)) * 0.02).astype(np.float32)
+    r8 = qe.measured_rms(W, "q8_0") / qe.predicted_rms(W, "q8_0")
+    r4 = qe.measured_rms(W, "q4_0") / qe.predicted_rms(W, "q4_0")
+    # 1M weights: the sampling scatter of the ratio is ~0.45/sqrt(1M) = 0.05 %
+    assert r8 == pytest.approx(np.sqrt(31 / 32), abs=3e-3)
+    assert 0.98 < r4 < 1.01
+    # the closed-form Gaussian prediction agrees with the blocks' own steps (sampling: ~0.3 % here)
+    for fmt in ("q8_0", "q4_0"):
+        assert qe.gaussian_predicted_rms(fmt, 0.02) == pytest.approx(qe.predicted_rms(W, fmt), rel=0.01)
+    # Q4_0's step is 127/8 times Q8_0's, whatever the weights
+    assert qe.predicted_rms(W, "q4_0") / qe.predicted_rms(W, "q8_0") == pytest.approx(127 / 8, rel=1e-12)
+
+
+def test_error_on_the_grid_is_zero_and_zero_blocks_predict_zero():
+    x = _block(np.r_[127.0, np.arange(-15, 16)])  # Q8_0: d = 127/127 = 1, every value on the grid
+    assert qe.measured_rms(x, "q8_0") == 0.0
+    z = np.zeros((3, 64), np.float32)
+    for fmt in ("q8_0", "q4_0"):
+        assert qe.predicted_rms(z, fmt) == 0.0 and qe.measured_rms(z, fmt) == 0.0
+
+
+def test_stored_fp16_steps_within_2_to_the_minus_11():
+    W = (np.random.default_rng(5).standard_normal((8, 512)) * 0.02).astype(np.float32)
+    for fmt in ("q8_0", "q4_0"):
+        assert 0 < qe.fp16_scale_error(W, fmt) <= 2.0 ** -11
+
+
+def test_q4_0_clamped_hand_worked():
+    # max = -8 sets d = +1; 7.6 + 8.5 = 16.1 clamps, 7.4 + 8.5 = 15.9 does not, -8 itself maps to 0
+    assert qe.q4_0_clamped(_block([-8.0, 7.6, 7.4])) == 1 / 32
+    assert qe.q4_0_clamped(np.zeros((1, 32), np.float32)) == 0.0
+
+
+def test_an_outlier_inflates_only_its_own_block():
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((1, 256)) * 0.02).astype(np.float32)
+    wo = w.copy()
+    wo[0, 3 * 32 + 5] = 2.0  # 100 sigma, in block 3
+    for fmt in ("q8_0", "q4_0"):
+        s, so = qe.block_steps(w, fmt), qe.block_steps(wo, fmt)
+        p, m = qe.block_rms(w, fmt)
+        po, mo = qe.block_rms(wo, fmt)
+        others = np.arange(8) != 3
+        np.testing.assert_array_equal(so[0, others], s[0, others])
+        np.testing.assert_array_equal(mo[0, others], m[0, others])
+        assert so[0, 3] > 10 * s[0, 3]
+    # Q4_0: Delta = 2/8 is ~12 sigma, so the other 31 weights of block 3 all round to 0 and their error is
+    # the weight itself (the outlier maps to q = 0 exactly): measured RMS = sqrt(sum w^2 / 32), well below
+    # the model's Delta / sqrt(12)
+    po, mo = qe.block_rms(wo, "q4_0")
+    blk = wo[0, 96:128].astype(np.float64)
+    expect = np.sqrt(np.sum(np.delete(blk, 5) ** 2) / 32)
+    assert mo[0, 3] == pytest.approx(expect, rel=1e-6)
+    assert mo[0, 3] < 0.5 * po[0, 3]
+    share, frac = qe.outlier_share(wo, "q4_0")
+    assert frac == 1 / 8 and share > 0.5
+
+
+def test_error_model_rows_on_the_chapter_weights():
+    rows = {(r["weights"], r["format"]): r for r in qe.error_model_rows(qe.chapter_weights(shape=(16, 1024)))}
+    g8, g4 = rows[("Gaussian", "Q8_0")], rows[("Gaussian", "Q4_0")]
+    assert g8["outlier_blocks"] == 0.0 and g4["outlier_blocks"] == 0.0
+    assert 0.97 < g8["ratio"] < 1.0 and 0.97 < g4["ratio"] < 1.03
+    o8, o4 = rows[("Gaussian + outliers", "Q8_0")], rows[("Gaussian + outliers", "Q4_0")]
+    assert o8["gauss"] is None and o4["outlier_blocks"] > 0
+    assert o4["ratio"] < g4["ratio"]  # the model over-predicts where the grid is coarser than the data
+
+
+@pytest.mark.parametrize("size", [(8, 1024), (64, 512), (16, 4096)])
+def test_rms_predict_tolerance_passes_the_model_and_rejects_wrong_steps(size):
+    """The exercise's tolerance, on its own inputs: the model's prediction passes on every seed tried,
+    with and without edge values; predictions from a wrong step (amax/7 for Q4_0, 14 % high) or a
+    wrong constant (divide by 12 instead of sqrt 12) fail."""
+    rtol, atol = qe.rms_predict_tol(size, np.dtype("float64"))
+    assert atol == 0.0 and rtol < 0.1
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        for X in (qe.rms_predict_inputs(size, None, rng)[0], qe.rms_predict_edge_inputs(size, None, rng)[0]):
+            ref = qe.rms_predict_reference(X)
+            pred = np.array([qe.predicted_rms(X, "q8_0"), qe.predicted_rms(X, "q4_0")])
+            assert np.all(np.abs(pred - ref) <= rtol * ref), (seed, pred, ref, rtol)
+            assert np.abs(pred[1] * 8 / 7 - ref[1]) > rtol * ref[1]
+            assert np.abs(pred[0] / np.sqrt(12) - ref[0]) > rtol * ref[0]
