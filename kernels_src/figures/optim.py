@@ -5,13 +5,18 @@ in-place step timings against torch.
 place: the course's fused kernels called with outputs aliased to inputs, against
 ``torch.optim.AdamW(fused=True)`` and ``torch.optim.SGD(momentum=...)`` stepping the same tensors in place,
 with the harness's timing (CUDA events, L2 flushed before each launch, median). Two layouts: one flat
-tensor (16.7 M and 100 M parameters) and the 148 tensors of a GPT-2-small-shaped model (124 M).
+tensor (16.7 M and 100 M parameters) and the 148 tensors of a GPT-2-small-shaped model (124 M); on the GPT
+list every contender is also timed kernel-only and as a whole step (``time_kernel_and_step``).
+
+``measure_clip_determinism(path)`` (GPU) repeats the clipping norm and the clipped step on fixed inputs and
+records whether the bits change: the atomic norm of adamw_clip/gpu/fused against the two-pass one.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..ops import optim
+from ..ops import optim_mixed as om
 
 # ----------------------------------------------------------------------------- 2-D loss surface
 A_DIAG = (1.0, 25.0)  # an ill-conditioned quadratic bowl: curvature 1 along x, 25 along y
@@ -59,11 +64,12 @@ def linreg_problem(n=256, d=16, seed=0):
     return X, y, w_true
 
 
-def train_low_precision(dtype, master, steps=400, lr=0.01, seed=0):
+def train_low_precision(dtype, master, steps=400, lr=0.01, seed=0, sr=False):
     """Plain SGD on ``linreg_problem`` with weights stored in ``dtype`` ('float16', 'bfloat16' emulated,
     'float32'). ``master=True`` keeps an fp32 master copy that takes the update, and casts it to ``dtype``
-    for the forward/backward pass (the mixed-precision recipe). Returns the loss per step (float64 loss
-    of the weights the model uses)."""
+    for the forward/backward pass (the mixed-precision recipe). ``sr=True`` (bfloat16 without a master copy)
+    rounds each new weight stochastically with the Philox stream of step t (kernels_src.ops.optim_mixed).
+    Returns the loss per step (float64 loss of the weights the model uses)."""
     X, y, _ = linreg_problem(seed=seed)
     w = np.ones(X.shape[1]) * 0.9  # start 10 % off: the needed updates are small relative to w
     w_model = optim.cast(w, dtype).astype(np.float64)
@@ -77,9 +83,45 @@ def train_low_precision(dtype, master, steps=400, lr=0.01, seed=0):
         if master:
             w_master = (w_master - np.float32(lr) * g_low.astype(np.float32)).astype(np.float32)
             w_model = optim.cast(w_master, dtype).astype(np.float64)
+        elif sr:
+            assert dtype == "bfloat16", "stochastic rounding is emulated for bfloat16"
+            new = (w_model - lr * g_low).astype(np.float32)
+            w_model = om.bf16_value(om.bf16_bits_sr(new, om.sr_bits(seed, len(losses), new.size)))
         else:
             w_model = optim.cast(w_model - lr * g_low, dtype).astype(np.float64)
     return np.array(losses)
+
+
+def drift(mode, steps=2000, u=-1e-4, w0=1.0, seed=0, walkers=1):
+    """A weight w0 that receives the same tiny update ``u`` every step (|u| far below half a bf16 ulp at w0).
+    ``mode``: 'fp32' (float32 weight), 'bf16' (bf16 weight, round to nearest: the update vanishes),
+    'master' (fp32 master copy, bf16 copy read from it), 'sr' (bf16 weight, stochastic rounding with the
+    Philox stream of each step; ``walkers`` independent weights, element k of the stream each).
+    Returns the weights the model sees after each step: (steps + 1,) or (steps + 1, walkers)."""
+    w32 = np.full(walkers, w0, dtype=np.float32)
+    h = om.bf16_bits_rne(w32)
+    out = [om.bf16_value(h) if mode != "fp32" else w32.astype(np.float64)]
+    for t in range(1, steps + 1):
+        if mode == "fp32":
+            w32 = (w32 + np.float32(u)).astype(np.float32)
+            out.append(w32.astype(np.float64))
+        elif mode == "master":
+            w32 = (w32 + np.float32(u)).astype(np.float32)
+            out.append(om.bf16_value(om.bf16_bits_rne(w32)))
+        else:
+            new = (om.bf16_value(h) + u).astype(np.float32)
+            h = om.bf16_bits_sr(new, om.sr_bits(seed, t, walkers)) if mode == "sr" else om.bf16_bits_rne(new)
+            out.append(om.bf16_value(h))
+    out = np.array(out)
+    return out[:, 0] if walkers == 1 else out
+
+
+def gradient_sample(n=200_000, seed=0):
+    """Synthetic gradient magnitudes spread log-normally over 2^-40 .. 2^-4 (median 2^-22), random signs: the
+    shape of the activation-gradient histograms of Micikevicius et al. (2018), where much of the mass lies
+    below float16's smallest subnormal 2^-24. Illustrative, not measured from a model."""
+    rng = np.random.default_rng(seed)
+    return np.sign(rng.standard_normal(n)) * 2.0 ** np.clip(rng.normal(-22.0, 6.0, n), -40, -4)
 
 
 # ----------------------------------------------------------------------------- bench JSON helpers
@@ -170,6 +212,131 @@ def measure_inplace(path, repeat=30):
            lambda: optim.torch_adamw_step(sp, sg, sm, sv, None, *hyper[1:]))
     record("gpt2-small", "torch AdamW(foreach=True)", n, T,
            lambda: optim.torch_adamw_step(sp, sg, sm, sv, None, *hyper[1:], fused=False))
+    # The same contenders timed two more ways: "kernel" (GPU time only: the launches are queued behind a
+    # sleep kernel longer than the host's work, so the events see no host gap) and "step" (wall clock of the
+    # call until the GPU is done: Python, launches and kernels, as a training loop waits for it).
+    contenders = [("course flat", lambda: optim.adamw_flat(p, m, v, p, g, m, v, lengths, *hyper)),
+                  ("course multi_tensor", lambda: optim.adamw_multi_tensor(p, m, v, p, g, m, v, lengths, *hyper)),
+                  ("course per_tensor", lambda: optim.adamw_per_tensor(p, m, v, p, g, m, v, lengths, *hyper)),
+                  ("torch AdamW(fused=True)", lambda: optim.torch_adamw_step(sp, sg, sm, sv, None, *hyper[1:]))]
+    if hasattr(torch, "_fused_adamw_"):
+        st = [torch.full((), float(step), device="cuda") for _ in sp]
+        contenders.append(("torch _fused_adamw_ (kernel only)",
+                           lambda: torch._fused_adamw_(sp, sg, sm, sv, [], st, lr=h["lr"], beta1=h["beta1"],
+                                                       beta2=h["beta2"], weight_decay=h["wd"], eps=h["eps"],
+                                                       amsgrad=False, maximize=False)))
+    for impl, fn in contenders:
+        try:
+            modes = time_kernel_and_step(fn, repeat=repeat)
+        except Exception as e:  # noqa: BLE001
+            result["rows"].append({"layout": "gpt2-small", "impl": impl, "n_params": n, "n_tensors": T,
+                                   "timing": "kernel+step", "error": repr(e)[:300]})
+            continue
+        for timing, (t, extra) in modes.items():
+            row = {"layout": "gpt2-small", "impl": impl, "n_params": n, "n_tensors": T, "timing": timing,
+                   "median_s": t, "bytes": 28 * n, "gbps": 28 * n / t / 1e9, **extra}
+            if copy:
+                row["frac_copy_bw"] = row["gbps"] / copy
+            result["rows"].append(row)
+            print(row, flush=True)
+    bench.save_json(result, path)
+    return result
+
+
+def time_kernel_and_step(fn, repeat=30, warmup=3):
+    """Median seconds of ``fn()`` on the GPU two ways: {"kernel": (t, info), "step": (t, info)}.
+
+    kernel: L2 flushed, then ``torch.cuda._sleep`` keeps the GPU busy for twice the host time of one call
+            (measured first), then the events bracket ``fn()``: every launch is queued before the GPU reaches
+            the start event, so the interval is the kernels' time alone, host overhead excluded;
+    step:   L2 flushed and the GPU idle, then the wall clock from the call until the GPU has finished: the
+            host's Python and launch work plus the kernels, what a training loop waits for."""
+    import time
+
+    import torch
+
+    from .. import bench
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    host = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn()
+        host.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    host_s = float(np.median(host))
+    # calibrate the sleep: cycles per second of torch.cuda._sleep on this GPU
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(10_000_000)
+    b.record()
+    b.synchronize()
+    cycles_per_s = 10_000_000 / (a.elapsed_time(b) / 1e3)
+    sleep_cycles = int(max(2 * host_s + 1e-3, 2e-3) * cycles_per_s)
+    kern, step = [], []
+    for _ in range(repeat):
+        bench.flush_l2()
+        torch.cuda._sleep(sleep_cycles)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        kern.append(a.elapsed_time(b) / 1e3)
+        bench.flush_l2()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        step.append(time.perf_counter() - t0)
+    info = {"host_s": host_s, "sleep_s": sleep_cycles / cycles_per_s}
+    return {"kernel": (float(np.median(kern)), {**info, "q1_s": float(np.percentile(kern, 25)),
+                                                "q3_s": float(np.percentile(kern, 75))}),
+            "step": (float(np.median(step)), {**info, "q1_s": float(np.percentile(step, 25)),
+                                              "q3_s": float(np.percentile(step, 75))})}
+
+
+def measure_clip_determinism(path, n=1 << 24, runs=50, steps=10):
+    """Is global-norm clipping bit-reproducible run to run on this GPU? On one fixed gradient (n float32
+    ~ N(0,1)): the sum of g^2 from the atomic norm pass (adamw_clip rungs 1-2) and from the two-pass one
+    (rung 3), ``runs`` times each; then ``steps`` full clipped AdamW steps of each variant from the same
+    inputs, counting the elements of p_new whose bits differ from the first run. Writes JSON to ``path``."""
+    from .. import bench, device
+
+    cuda = device.cuda
+    rng = np.random.default_rng(0)
+    gh = rng.standard_normal(n).astype(np.float32)
+    g = cuda.to_device(gh)
+    exact = float(np.sum(gh.astype(np.float64) ** 2))
+    result = {"what": "bits of the clipping norm and of the clipped AdamW step, repeated on the same inputs",
+              "meta": bench.environment(), "n": n, "runs": runs, "steps": steps, "sumsq_float64": exact}
+    for name, det in (("atomic", False), ("two_pass", True)):
+        bits = optim.clip_sumsq_bits(g, det, runs)
+        vals = np.array(bits, dtype=np.uint32).view(np.float32).astype(np.float64)
+        uniq, counts = np.unique(np.array(bits, dtype=np.uint32), return_counts=True)
+        result[name] = {"distinct_sums": int(uniq.size), "runs": runs,
+                        "values": [float(np.uint32(u).view(np.float32)) for u in uniq], "counts": counts.tolist(),
+                        "max_rel_spread": float((vals.max() - vals.min()) / exact),
+                        "max_rel_err_vs_float64": float(np.max(np.abs(vals - exact)) / exact)}
+        print(name, result[name], flush=True)
+    ins = optim.make_inputs_clip((n,), np.dtype("float32"), np.random.default_rng(1))
+    d_in = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in ins]
+    for name, fn in (("fused", optim.adamw_clip_fused), ("two_pass", optim.adamw_clip_two_pass)):
+        first, differ, worst = None, 0, 0
+        for _ in range(steps):
+            outs = [cuda.device_array(n, dtype=np.float32) for _ in range(3)]
+            fn(*outs, *d_in)
+            pb = outs[0].copy_to_host().view(np.uint32)
+            if first is None:
+                first = pb
+            else:
+                k = int(np.sum(pb != first))
+                differ += k > 0
+                worst = max(worst, k)
+        result[f"step_{name}"] = {"steps": steps, "runs_differing_from_first": differ,
+                                  "max_elements_differing": worst}
+        print(name, result[f"step_{name}"], flush=True)
     bench.save_json(result, path)
     return result
 

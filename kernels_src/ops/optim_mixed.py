@@ -446,3 +446,180 @@ def adamw_bf16_fused4(w_new, m_new, v_new, w16, g16, m, v, step, lr, beta1, beta
     o0, o1 = philox.split64(step)
     adamw_bf16_kernel[ceil_div(n, 4 * THREADS), THREADS](w_new, m_new, v_new, w16, g16, m, v, decay, *rest, k0, k1,
                                                           o0, o1, bool(sr))
+
+
+# ================================================================================ loss scaling
+FP16_TINY = 2.0**-24  # the smallest positive float16 (subnormal); anything below half of it rounds to 0
+FP16_MAX = 65504.0
+
+
+def fp16_flush(g, scale=1.0):
+    """What float16 keeps of the gradients ``g`` multiplied by ``scale``: (fraction that became 0 although
+    g != 0, fraction that overflowed to inf). Rounding is float16's own (round to nearest even)."""
+    g = np.asarray(g, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        h = (g * scale).astype(np.float16)
+    nz = g != 0
+    return float(np.mean((h == 0) & nz)), float(np.mean(np.isinf(h) & np.isfinite(g)))
+
+
+class LossScaler:
+    """Static or dynamic loss scaling, with torch.amp.GradScaler's rule (Micikevicius et al. 2018):
+
+      backward on loss * scale; grads / scale in fp32 ("unscale"); if any is inf or NaN, SKIP the step and
+      (dynamic) multiply the scale by ``backoff`` (0.5); otherwise step, and after ``growth_interval``
+      consecutive good steps multiply the scale by ``growth`` (2.0).
+
+    A static scaler (``dynamic=False``) never changes its scale, but still skips steps with inf/NaN."""
+
+    def __init__(self, scale=2.0**16, dynamic=True, growth=2.0, backoff=0.5, growth_interval=2000):
+        self.scale = float(scale)
+        self.dynamic = dynamic
+        self.growth, self.backoff, self.growth_interval = growth, backoff, growth_interval
+        self.good_steps = 0
+
+    def scale_loss(self, loss):
+        return loss * self.scale
+
+    def unscale(self, grads):
+        """fp32 gradients / scale (multiplied by the fp32 reciprocal, as torch does) and whether any is inf/NaN."""
+        inv = np.float32(1.0 / self.scale)
+        with np.errstate(over="ignore", invalid="ignore"):
+            g = np.asarray(grads, dtype=np.float32) * inv
+        return g, bool(not np.all(np.isfinite(g)))
+
+    def update(self, found_inf):
+        """After a step (or a skipped one): the scale for the next one. Returns True if the step was skipped."""
+        if found_inf:
+            self.good_steps = 0
+            if self.dynamic:
+                self.scale *= self.backoff
+            return True
+        self.good_steps += 1
+        if self.dynamic and self.good_steps == self.growth_interval:
+            self.scale *= self.growth
+            self.good_steps = 0
+        return False
+
+
+def scale_trace(found_inf, **kw):
+    """The scale used at each step and whether it was skipped, for a sequence of overflow flags."""
+    s = LossScaler(**kw)
+    scales, skipped = [], []
+    for f in found_inf:
+        scales.append(s.scale)
+        skipped.append(s.update(bool(f)))
+    return np.array(scales), np.array(skipped)
+
+
+# ==================================================================== ops behind the exercises
+def make_inputs_round(size, dtype, rng):
+    """float32 values across 60 binades and both signs, a quarter of them exact ties (low 16 bits 0x8000,
+    with even and odd kept parts) and some one fp32 ulp either side of a tie."""
+    (n,) = size
+    x = np.sign(rng.standard_normal(n)) * 2.0 ** rng.uniform(-30, 30, n)
+    u = f32_bits(x).copy()
+    k = rng.integers(0, 4, n)
+    u[k == 0] = (u[k == 0] & np.uint32(0xFFFF0000)) | np.uint32(0x8000)  # exact tie
+    u[k == 1] = (u[k == 1] & np.uint32(0xFFFF0000)) | np.uint32(0x8001)  # just above a tie
+    u[k == 2] = (u[k == 2] & np.uint32(0xFFFF0000)) | np.uint32(0x7FFF)  # just below
+    return (u.view(np.float32),)
+
+
+def make_edge_inputs_round(size, dtype, rng):
+    """0, -0, +-inf, NaN, the largest float32 (rounds up to inf), the largest bf16, float32 subnormals (bf16
+    has the same exponent range, so they round on the same 2^-133 grid) and a tie just below 2^-126."""
+    (x,) = make_inputs_round(size, dtype, rng)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4028235e38, -3.3895314e38, 1e-40, -3e-39,
+                        np.uint32(0x00808000).view(np.float32)], dtype=np.float32)
+    _sprinkle(x, rng, special)
+    return (x,)
+
+
+def bf16_round_reference(x):
+    """float64 oracle: x rounded to the nearest bf16, ties to even, computed with frexp and round-half-even."""
+    return bf16_round_arith(x)
+
+
+exercise_op("bf16_round_nearest", reference=bf16_round_reference, make_inputs=make_inputs_round, chapter=12,
+            title="round float32 to bfloat16, nearest even, by integer arithmetic", size_names=("n",), kind="memory",
+            tol=(0.0, 0.0), output_names=("out",), edge_inputs=make_edge_inputs_round,
+            sizes={"check": [(1,), (7,), (1000,)], "check_sim": [(1,), (7,)], "bench": [(1 << 20,)]},
+            flops=lambda s: 4 * s[0], bytes=lambda s, b: 8 * s[0])
+
+SR_DRAWS = 4096  # stochastic roundings per value in the mean exercise
+SR_Z = 6.0  # the check allows SR_Z standard deviations of the mean
+
+
+def sr_mean_tol(size, dtype):
+    """(rtol, 0): one SR of x is lo or lo + ulp, so it has a standard deviation of at most ulp / 2, and the mean
+    of K draws at most ulp / (2 sqrt K). A bf16 ulp is at most 2^-7 |x|, so SR_Z = 6 standard deviations is at
+    most 6 * 2^-8 |x| / sqrt(K) = 3.7e-4 |x| (a correct answer fails with probability ~2e-9 per value). A
+    rounding that is not stochastic is off by at least 0.25 ulp >= 9.8e-4 |x| on these inputs."""
+    return SR_Z * 2.0**-8 / math.sqrt(SR_DRAWS), 0.0
+
+
+def make_inputs_sr_mean(size, dtype, rng):
+    """x: float32 values a quarter to three quarters of the way between two bf16 numbers (no bf16 value
+    itself, where every rounding is exact), across 40 binades; r (n, K) uint32: independent random words."""
+    (n,) = size
+    e = rng.integers(-20, 20, n)
+    k = rng.integers(128, 256, n)  # the kept 8 significant bits, 1.0000000 .. 1.1111111
+    frac = rng.uniform(0.25, 0.75, n)
+    x = np.sign(rng.standard_normal(n)) * (k + frac) * 2.0 ** (e - 7.0)
+    r = rng.integers(0, 2**32, size=(n, SR_DRAWS), dtype=np.uint32)
+    return x.astype(np.float32), r
+
+
+def sr_mean_reference(x, r):
+    """float64 oracle: stochastic rounding is unbiased, so the mean of many roundings of x is x."""
+    return np.asarray(x, dtype=np.float64)
+
+
+exercise_op("bf16_sr_mean", reference=sr_mean_reference, make_inputs=make_inputs_sr_mean, chapter=12,
+            title="mean of K stochastic roundings to bfloat16", size_names=("n",), kind="memory", tol=sr_mean_tol,
+            output_names=("mean",),
+            sizes={"check": [(1,), (7,), (61,)], "check_sim": [(1,), (7,)], "bench": [(64,)]},
+            flops=lambda s: 3 * s[0] * SR_DRAWS, bytes=lambda s, b: 4 * s[0] * SR_DRAWS)
+
+PART_THREADS = 64  # threads per block of the partials exercise
+PART_BLOCKS = 4  # at most this many blocks: a larger gradient is covered by a grid-stride loop
+
+
+def partial_blocks(n):
+    return max(1, min(PART_BLOCKS, ceil_div(n, PART_THREADS)))
+
+
+def block_partials_reference(g):
+    """float64 oracle: with B = partial_blocks(n) blocks of PART_THREADS threads striding over g by
+    B * PART_THREADS, element i belongs to block (i // PART_THREADS) % B; partials[b] = sum of its g^2."""
+    g = np.asarray(g, dtype=np.float64)
+    nb = partial_blocks(g.size)
+    owner = (np.arange(g.size) // PART_THREADS) % nb
+    return np.bincount(owner, weights=g * g, minlength=nb) if g.size else np.zeros(nb)
+
+
+def make_inputs_partials(size, dtype, rng):
+    (n,) = size
+    return (rng.standard_normal(n).astype(dtype),)
+
+
+def make_edge_inputs_partials(size, dtype, rng):
+    """An inf in one block and a NaN in another (those partials are inf and NaN), zeros, -0, 1e-30 (whose
+    square underflows to 0 in float32, as it is ~0 in float64)."""
+    (g,) = make_inputs_partials(size, dtype, rng)
+    n = g.size
+    g[0] = np.inf
+    if n > PART_THREADS:
+        g[PART_THREADS] = np.nan
+    _sprinkle(g[1:PART_THREADS], rng, [0.0, -0.0, 1e-30])
+    return (g,)
+
+
+exercise_op("clip_block_partials", reference=block_partials_reference, make_inputs=make_inputs_partials,
+            chapter=12, title="per-block partial sums of g^2 (deterministic norm, pass 1)", size_names=("n",),
+            kind="memory", tol=(1e-5, 1e-6),  # a float32 tree over at most a few hundred positive terms
+            output_names=("partials",), edge_inputs=make_edge_inputs_partials,
+            sizes={"check": [(1,), (7,), (129,), (600,)], "check_sim": [(1,), (7,), (129,), (600,)],
+                   "bench": [(1 << 20,)]},
+            flops=lambda s: 2 * s[0], bytes=lambda s, b: 4 * s[0])
