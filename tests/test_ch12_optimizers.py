@@ -10,6 +10,7 @@ import kernels_src
 from kernels_src import device, parity
 from kernels_src.figures import optim as fig
 from kernels_src.ops import optim
+from kernels_src.ops import optim_mixed as om
 
 H = optim.CHECK_HYPER
 HYPER = (H["lr"], H["beta1"], H["beta2"], H["eps"], H["wd"])
@@ -182,6 +183,56 @@ def test_clip_nan_gradient_poisons_everything(key):
     assert np.isnan(got[0]).all()
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("key", _keys("adamw_clip"))
+def test_clip_inf_gradient_zeroes_the_finite_ones(key, sign):
+    """The one rule (torch's clip_grad_norm_ then AdamW): an inf makes the norm inf and the scale
+    max_norm / inf = 0. Finite gradients become 0, so their parameters only decay (m = v = 0 here, so the Adam
+    term is 0/eps = 0); the inf one becomes 0 * inf = NaN, so that parameter alone is NaN. Before the fix the
+    CPU loop used scale = inf and turned every parameter into NaN."""
+    _available(key)
+    g = np.array([1.0, sign * np.inf, -1.0, 0.0, 3.0])
+    with np.errstate(all="ignore"):
+        got, _ = _edge_check(key, _adamw_case(g) + (1.0,))
+    p, m, v = got
+    finite = [0, 2, 3, 4]
+    np.testing.assert_allclose(p[finite], 1.0 - H["lr"] * H["wd"], rtol=1e-7)  # decay only: the step was 0
+    assert (m[finite] == 0).all() and (v[finite] == 0).all()
+    assert np.isnan(p[1]) and np.isnan(m[1]) and np.isnan(v[1])
+
+
+def test_clip_rule_matches_torch_arithmetic():
+    """What torch computes, written out with NumPy (not with the code under test): total_norm = inf,
+    clip_coef = max_norm / (inf + 1e-6) = 0, clamped to at most 1, then grads * 0."""
+    g = np.array([2.0, np.inf, -0.5], dtype=np.float32)
+    with np.errstate(all="ignore"):
+        coef = min(np.float32(1.0), np.float32(1.0) / (np.float32(np.inf) + np.float32(1e-6)))
+        torch_like = g * coef
+        ours = optim.clip_scale(g, 1.0) * g.astype(np.float64)
+    assert coef == 0.0
+    np.testing.assert_array_equal(np.isnan(torch_like), [False, True, False])
+    np.testing.assert_array_equal(ours, torch_like)
+    assert np.isnan(optim.clip_scale(np.array([1.0, np.nan, np.inf]), 1.0))  # NaN wins over inf
+
+
+def test_clip_two_pass_is_registered_deterministic_rung():
+    v = kernels_src.get_variant("adamw_clip/gpu/two_pass")
+    assert v.rung == 3 and "deterministic" in v.doc and v.ptx
+
+
+@pytest.mark.skipif(not device.GPU_VARIANTS_RUN, reason="GPU variants are off")
+def test_two_pass_norm_matches_float64_and_repeats():
+    """The two-pass sum of g^2 (per-block partials, then one block in a fixed order) against float64, and the
+    same bits on every run (the simulator cannot show the atomic pass varying; the H100 measurement does)."""
+    n = 3001 if device.SIMULATED else 1 << 20
+    gh = np.random.default_rng(5).standard_normal(n).astype(np.float32)
+    g = device.cuda.to_device(gh)
+    bits = optim.clip_sumsq_bits(g, True, 3)
+    assert len(set(bits)) == 1
+    val = float(np.uint32(bits[0]).view(np.float32))
+    assert abs(val - np.sum(gh.astype(np.float64) ** 2)) <= 1e-5 * val
+
+
 @pytest.mark.parametrize("key", _keys("adamw_clip"))
 def test_clip_scale_applies_only_above_max_norm(key):
     g = np.array([3.0, 4.0])  # norm 5
@@ -199,6 +250,13 @@ def test_edge_inputs_cover_both_ops():
 
 
 # ----------------------------------------------------------------------------- layouts and tables
+def test_multi_tensor_chunk_is_2048():
+    """The chapter says 2,048 parameters per chunk (torch and apex use 65,536): the code must agree."""
+    assert optim.CHUNK == 2048
+    t = optim.chunk_table((5000, 3), optim.CHUNK)
+    assert t[:, 1].tolist() == [2048, 2048, 904, 3]
+
+
 def test_chunk_table_covers_every_parameter_once():
     lengths = (5, 40000, 1, 16384, 16385)
     t = optim.chunk_table(lengths, 16384)  # any chunk size: here 16384
@@ -255,3 +313,153 @@ def test_2d_trajectories_reach_the_minimum():
     for kind in ("sgd", "heavy_ball", "nesterov", "adam", "adamw"):
         path = fig.run_2d(kind, steps=300)
         assert fig.bowl(path[-1]) < 1e-2 * fig.bowl(path[0]), kind
+
+
+# ----------------------------------------------------------------------------- bf16 bits, SR, mixed AdamW
+def _bits_from_scratch(x):
+    """bf16 round-to-nearest-even written independently of optim_mixed: Python integers on each bit pattern."""
+    out = []
+    for u in np.asarray(x, dtype=np.float32).view(np.uint32).tolist():
+        if (u & 0x7F800000) == 0x7F800000 and (u & 0x7FFFFF):
+            out.append(0x7FC0)
+            continue
+        low, high = u & 0xFFFF, u >> 16
+        if low > 0x8000 or (low == 0x8000 and high & 1):
+            high += 1
+        out.append(high)
+    return np.array(out, dtype=np.uint16)
+
+
+def test_bf16_rne_bits_against_python_ints_and_arithmetic():
+    rng = np.random.default_rng(0)
+    (x,) = om.make_edge_inputs_round((5000,), np.dtype("float32"), rng)
+    h = om.bf16_bits_rne(x)
+    np.testing.assert_array_equal(h, _bits_from_scratch(x))
+    a = om.bf16_round_arith(x)  # the float64 frexp/round-half-even oracle
+    b = om.bf16_value(h)
+    assert ((a == b) | (np.isnan(a) & np.isnan(b))).all()
+    # ties: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 -> even (1); 1 + 3 * 2^-8 -> 1 + 2^-6 (even)
+    t = np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8)], dtype=np.float32)
+    np.testing.assert_array_equal(om.bf16_value(om.bf16_bits_rne(t)), [1.0, 1 + 2**-6, -1.0])
+    assert om.bf16_bits_rne(np.float32(3.4028235e38)) == 0x7F80  # the largest float32 rounds up to inf
+
+
+@pytest.mark.parametrize("key", ["adamw_bf16/cpu/loop", "adamw_bf16/gpu/fused4"])
+def test_kernel_rounding_matches_numpy_bits(key):
+    """With g = m = v = 0 the Adam term is exactly 0/eps = 0, so p' = float32(p (1 - lr wd)): the kernel's
+    bf16 rounding of that known float32 must equal NumPy bit manipulation (RNE by Python integers, SR by adding
+    the Philox stream's low 16 bits), with no tolerance and no boundary avoidance."""
+    v = _available(key)
+    n = 37 if device.SIMULATED and v.backend == "gpu" else 4099
+    rng = np.random.default_rng(7)
+    w = om.bf16_bits_rne(rng.standard_normal(n))
+    z = np.zeros(n, np.float32)
+    zero16 = np.zeros(n, np.uint16)
+    lr, wd, seed, step = 0.01, 0.37, 12345, 3
+    for sr in (0, 1):
+        inputs = (w, zero16, z, z, step, lr, 0.9, 0.999, 1e-8, wd, seed, sr)
+        got = _run(v, [np.empty(n, np.uint16), z, z], inputs)[0]
+        p_new = (om.bf16_value(w).astype(np.float32) * np.float32(1 - lr * wd)).astype(np.float32)
+        r = om.sr_bits(seed, step, n)
+        u = p_new.view(np.uint32).astype(np.uint64)
+        want = ((u + (r & 0xFFFF)) >> 16) if sr else _bits_from_scratch(p_new)
+        np.testing.assert_array_equal(got, np.asarray(want, dtype=np.uint16))
+
+
+def test_stochastic_rounding_is_unbiased_and_rne_is_not():
+    x = np.full(1 << 16, 1.0 + 0.3 * 2**-7, dtype=np.float32)  # 30 % of the way from 1 to the next bf16
+    r = om.sr_bits(99, 1, x.size)
+    sr = om.bf16_value(om.bf16_bits_sr(x, r))
+    assert set(np.unique(sr)) == {1.0, 1.0 + 2**-7}
+    # mean within 6 standard deviations: sd of one draw = ulp sqrt(0.3 * 0.7)
+    assert abs(sr.mean() - float(x[0])) < 6 * 2**-7 * math.sqrt(0.21 / x.size)
+    assert om.bf16_value(om.bf16_bits_rne(x[:1]))[0] == 1.0  # nearest: always down
+
+
+def test_mixed_inputs_keep_roundings_away_from_boundaries():
+    rng = np.random.default_rng(3)
+    ins = om.make_inputs_bf16((5000, 1), np.dtype("float32"), rng)
+    w, m, v = optim.adamw_reference(om.bf16_value(ins[0]), om.bf16_value(ins[1]), ins[2], ins[3], *ins[4:10])
+    assert om.ulps_from_boundary(w, om.sr_bits(ins[10], ins[4], w.size)).min() > om.MARGIN
+
+
+def test_bytes_are_honest():
+    """adamw_mixed: read p32 4 + g16 2 + m 4 + v 4, write p32 4 + m 4 + v 4 + w16 2 = 28 B; adamw_bf16: read
+    2 + 2 + 4 + 4, write 2 + 4 + 4 = 22 B. Counted from the arrays the reference and inputs really have."""
+    rng = np.random.default_rng(0)
+    for name in ("adamw_mixed", "adamw_bf16"):
+        op = kernels_src.get_op(name)
+        size = (100,) if name == "adamw_mixed" else (100, 1)
+        ins = op.make_inputs(size, np.dtype("float32"), rng)
+        outs = parity.reference_outputs(op, ins)
+        itemsize = {np.dtype(np.uint16): 2, np.dtype(np.float32): 4, np.dtype(np.float64): 4}
+        moved = sum(itemsize[a.dtype] * a.size for a in ins if isinstance(a, np.ndarray))
+        moved += sum(itemsize[o.dtype] * o.size for o in outs)  # float64 reference outputs are fp32 in kernels
+        assert op.bytes(size, 4) == moved, name
+
+
+def test_master_copy_and_sr_keep_the_weight_moving():
+    steps, u = 2000, -1e-4
+    assert fig.drift("bf16", steps, u)[-1] == 1.0  # every update below half an ulp: lost
+    expect = 1.0 + steps * u
+    assert abs(fig.drift("master", steps, u)[-1] - expect) <= 2**-8  # within half a bf16 ulp at 0.8
+    walk = fig.drift("sr", steps, u, walkers=256)[-1]
+    assert abs(walk.mean() - expect) < 0.01 and walk.std() > 0  # unbiased on average, noisy per weight
+
+
+def test_sr_training_beats_round_to_nearest_without_master():
+    rne = fig.train_low_precision("bfloat16", master=False)
+    sr = fig.train_low_precision("bfloat16", master=False, sr=True)
+    assert sr[-1] < 0.1 * rne[-1]
+
+
+# ----------------------------------------------------------------------------- loss scaling
+def test_loss_scaler_dynamic_rule():
+    """Worked by hand: scale 8, growth interval 3. Steps 1-2 good, step 3 overflows (skip, halve to 4), then
+    three good steps at 4 grow it back to 8 for step 7."""
+    scales, skipped = om.scale_trace([0, 0, 1, 0, 0, 0, 0], scale=8.0, growth_interval=3)
+    np.testing.assert_array_equal(scales, [8, 8, 8, 4, 4, 4, 8])
+    np.testing.assert_array_equal(skipped, [0, 0, 1, 0, 0, 0, 0])
+    scales, skipped = om.scale_trace([1, 1, 0], scale=8.0, dynamic=False)
+    np.testing.assert_array_equal(scales, [8, 8, 8])  # static: never changes, but still skips
+    np.testing.assert_array_equal(skipped, [1, 1, 0])
+
+
+def test_loss_scaler_unscale_finds_inf_and_nan():
+    s = om.LossScaler(scale=1024.0)
+    g, bad = s.unscale(np.array([2048.0, -512.0]))
+    np.testing.assert_array_equal(g, [2.0, -0.5])
+    assert not bad
+    assert s.unscale(np.array([1.0, np.inf]))[1] and s.unscale(np.array([np.nan]))[1]
+
+
+def test_fp16_gradients_underflow_without_scaling():
+    g = fig.gradient_sample(20_000)
+    lost, _ = om.fp16_flush(g)
+    lost_scaled, over = om.fp16_flush(g, 2.0**16)
+    assert lost > 0.3 and lost_scaled < 0.5 * lost and over == 0.0
+    assert om.fp16_flush([2.0**-25 * 0.9], 1.0)[0] == 1.0 and om.fp16_flush([2.0**-24], 1.0)[0] == 0.0
+
+
+# ----------------------------------------------------------------------------- exercise ops
+def test_sr_mean_tolerance_separates_sr_from_rne():
+    rng = np.random.default_rng(11)
+    x, r = om.make_inputs_sr_mean((200,), np.dtype("float32"), rng)
+    rtol, _ = om.sr_mean_tol((200,), np.dtype("float32"))
+    sr = np.array([om.bf16_value(om.bf16_bits_sr(np.full(r.shape[1], xi), ri)).mean() for xi, ri in zip(x, r)])
+    assert np.all(np.abs(sr - x) <= rtol * np.abs(x))
+    rne = om.bf16_value(om.bf16_bits_rne(x))
+    assert np.all(np.abs(rne - x) > rtol * np.abs(x))
+
+
+def test_block_partials_reference_by_loop():
+    g = np.random.default_rng(2).standard_normal(600)
+    nb = om.partial_blocks(g.size)
+    want = np.zeros(nb)
+    for b in range(nb):  # block b, thread t: i = b*T + t, then + nb*T each round
+        for t in range(om.PART_THREADS):
+            i = b * om.PART_THREADS + t
+            while i < g.size:
+                want[b] += g[i] ** 2
+                i += nb * om.PART_THREADS
+    np.testing.assert_allclose(om.block_partials_reference(g), want, rtol=1e-12)
