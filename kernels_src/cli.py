@@ -10,36 +10,18 @@
     kernels cpuboard [--ops a,b] [--again]  every op's best CPU rung against torch (CPU) and NumPy, one run
     kernels asm OP [--variants a,b] [--json FILE]
                                            SIMD instructions in each CPU rung's machine code (did it vectorize?)
+
+A bad value (an unknown op, variant or dtype, a size of the wrong rank or below 1, a path that does not exist) is
+refused before any work with one line on stderr, ``kernels CMD: error: ...``, and exit status 2; no command
+creates a directory it was not asked for (kernels_src/usage.py holds the checks).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from . import device
-
-
-def parse_sizes(text: str | None):
-    """``"1,7,127"`` -> [(1,), (7,), (127,)];  ``"64x64x64,3x5x7"`` -> [(64, 64, 64), (3, 5, 7)]."""
-    if not text:
-        return None
-    out = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        if not part:
-            continue
-        try:
-            out.append(tuple(int(eval_int(p)) for p in part.split("x")))
-        except ValueError:
-            raise SystemExit(f"error: cannot read size {part!r}; write e.g. 1024 or 512x512x512 or 2**20") from None
-    return out
-
-
-def eval_int(p: str) -> int:
-    if "**" in p:
-        base, exp = p.split("**")
-        return int(base) ** int(exp)
-    return int(p)
+from .usage import (Parser, UsageError, check_dtype, check_sizes, names, op_named, ops_with, output_file,
+                    parse_sizes, positive_int, variant_names)
 
 
 def _table(rows, cols) -> str:
@@ -51,6 +33,8 @@ def _table(rows, cols) -> str:
 def cmd_list(args) -> int:
     from .registry import ops
 
+    if args.op:
+        op_named(args.op)
     rows = []
     for op in ops():
         if args.op and op.name != args.op:
@@ -67,9 +51,24 @@ def cmd_list(args) -> int:
 
 def cmd_check(args) -> int:
     from .parity import check
+    from .registry import variants
 
-    reports = check(args.op, args.backend, args.variant, parse_sizes(args.sizes), args.dtype, seed=args.seed,
-                    progress=not args.quiet)
+    op = op_named(args.op) if args.op else None
+    if args.sizes and op is None:
+        raise UsageError("--sizes needs an OP: each op has its own number of dimensions (kernels check OP --sizes ...)")
+    sizes = check_sizes(op, parse_sizes(args.sizes), "check") if op else None
+    if args.variant:
+        if op is not None:
+            variant_names(op, args.backend, [args.variant])
+        elif not any(v.name == args.variant for v in variants(None, args.backend)):
+            raise UsageError(f"no op has a {args.backend or ''}{' ' if args.backend else ''}variant {args.variant!r}; "
+                             "`kernels list` shows them all")
+    chosen = [v for v in variants(args.op, args.backend) if not args.variant or v.name == args.variant]
+    if op is not None and not chosen:
+        variant_names(op, args.backend, [])  # says that op has no variants on that backend
+    dtype = check_dtype(args.dtype, {d for v in chosen for d in v.dtypes},
+                        f"the variants of {args.op or 'any op'}{' on ' + args.backend if args.backend else ''}")
+    reports = check(args.op, args.backend, args.variant, sizes, dtype, seed=args.seed, progress=not args.quiet)
     if not reports:
         print("nothing to check: no registered variant matches", file=sys.stderr)
         return 2
@@ -90,22 +89,32 @@ def cmd_check(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import bench, format_table, save_json
 
-    variants = args.variants.split(",") if args.variants else None
+    op = op_named(args.op)
+    variants = variant_names(op, args.backend, args.variants) if names(args.variants) else None
+    sizes = check_sizes(op, parse_sizes(args.sizes), "bench")
+    variant_names(op, args.backend, [])  # an op with no variant on this backend has nothing to time
+    chosen = [v for v in op.variants if v.backend == args.backend and (not variants or v.name in variants)]
+    dtype = check_dtype(args.dtype, {d for v in chosen for d in v.dtypes}, f"the {args.backend} variants of {op.name}")
+    out = output_file(args.json)
     try:
-        result = bench(args.op, args.backend, variants=variants, sizes=parse_sizes(args.sizes), dtype=args.dtype,
-                       repeat=args.repeat, progress=not args.quiet)
+        result = bench(op.name, args.backend, variants=variants, sizes=sizes, dtype=dtype, repeat=args.repeat,
+                       progress=not args.quiet)
     except (KeyError, RuntimeError) as e:
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+        print(f"kernels bench: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
     print(format_table(result))
-    if args.json:
-        print(f"wrote {save_json(result, args.json)}")
+    if out:
+        print(f"wrote {save_json(result, out)}")
     return 0
 
 
 def cmd_ptx(args) -> int:
     from .ptx import compile_registry, compile_registry_subprocess, unavailable
 
+    if args.op:
+        op = op_named(args.op)
+        if not any(v.backend == "gpu" and not v.baseline for v in op.variants):
+            raise UsageError(f"{op.name} has no GPU kernels to compile; ops that have: {', '.join(ops_with('gpu'))}")
     if unavailable():
         print(f"PTX check skipped: {unavailable()}")
         return 0
@@ -124,10 +133,10 @@ def cmd_doctor(args) -> int:
     return doctor()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kernels", description="The course's kernel library: list, check, "
+def build_parser() -> Parser:
+    p = Parser(prog="kernels", description="The course's kernel library: list, check, "
                                 "benchmark and compile every registered kernel.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     s = sub.add_parser("list", help="the registry as a table")
     s.add_argument("op", nargs="?")
     s.set_defaults(func=cmd_list)
@@ -147,10 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("op")
     s.add_argument("--backend", choices=["cpu", "gpu"], default="cpu")
     s.add_argument("--variants", help="comma-separated variant names (default: all)")
-    s.add_argument("--sizes")
+    s.add_argument("--sizes", help="comma-separated sizes, e.g. 1024,4096 or 512x512x512 (default: the op's)")
     s.add_argument("--dtype", default="float32")
-    s.add_argument("--repeat", type=int, default=20)
-    s.add_argument("--json", help="also write the results (with device, versions, date) to this file")
+    s.add_argument("--repeat", type=positive_int, default=20)
+    s.add_argument("--json", help="also write the results (with device, versions, date) to this file, in a "
+                   "directory that exists")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_bench)
 
@@ -179,25 +189,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-EXTRA_COMMANDS: list = []  # other modules (e.g. grading) append functions that add subcommands
+EXTRA_COMMANDS: list = []  # functions that add subcommands: each add_commands(sub) of EXTRA_MODULES, and any other
+EXTRA_MODULES = ("kernels_src.grading.cli",)  # modules above the CLI, loaded where installed; none imports this one
 
 
 def main(argv=None) -> int:
+    """Run one subcommand. A bad value (UsageError, or a KeyError naming an unknown op or variant) is one line
+    on stderr and exit status 2, like argparse's own usage errors; the checks come before any work."""
     _load_extras()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except KeyError as e:
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+    except (UsageError, KeyError) as e:
+        print(f"kernels {args.cmd}: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
 
 
 def _load_extras() -> None:
     import importlib
 
-    for mod in ("kernels_src.grading.cli",):
+    for mod in EXTRA_MODULES:
         try:
-            importlib.import_module(mod)
+            m = importlib.import_module(mod)
         except ModuleNotFoundError as e:
             if e.name != mod and not mod.startswith(str(e.name)):
                 raise
+            continue
+        if m.add_commands not in EXTRA_COMMANDS:
+            EXTRA_COMMANDS.append(m.add_commands)

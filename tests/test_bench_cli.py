@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from kernels_src import bench, plots
-from kernels_src.cli import main, parse_sizes
+from kernels_src.cli import main
+from kernels_src.usage import UsageError, parse_sizes
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def test_parse_sizes():
     assert parse_sizes("1,7,2**4") == [(1,), (7,), (16,)]
     assert parse_sizes("3x5x7") == [(3, 5, 7)]
     assert parse_sizes(None) is None
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError):
         parse_sizes("abc")
 
 

@@ -257,7 +257,7 @@ def main(argv=None) -> int:
         print(f"error: no GPU kernels can run here ({device.REASON})", file=sys.stderr)
         return 2
     from ..bench import save_json
-    from ..cli import parse_sizes
+    from ..usage import parse_sizes
 
     sizes = [s[0] for s in parse_sizes(args.sizes)] if args.sizes else None
     res = measure_transfers(sizes, args.repeat)

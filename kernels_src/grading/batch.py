@@ -1,4 +1,4 @@
-"""Grade a folder of submissions: ``kernels grade SUBMISSIONS_DIR --out gradebook.csv``.
+"""Grade a folder of submissions: ``kernels grade SUBMISSIONS_DIR [--out gradebook/gradebook.csv]``.
 
 A submission is a notebook file (``.ipynb``, or a jupytext ``.md``), a ``.zip`` holding one, or a
 directory holding one (Gradescope's export has one directory per submission). Each is graded by
@@ -6,8 +6,9 @@ directory holding one (Gradescope's export has one directory per submission). Ea
 
 - **Results.** ``<results dir>/<submission id>/results.json`` in Gradescope's format, one per
   submission, written atomically (a temporary file, then a rename).
-- **Gradebook.** ``gradebook.csv``: one row per submission (score, points per question, status, seed,
-  time, flags), rewritten atomically after every submission, so an interrupted run loses nothing.
+- **Gradebook.** ``gradebook.csv`` (by default in ``gradebook/``, which git ignores): one row per
+  submission (score, points per question, status, seed, time, flags), rewritten atomically after every
+  submission, so an interrupted run loses nothing.
 - **Resumable.** A submission whose ``results.json`` exists and was computed from the same file (same
   SHA-256) is skipped; ``--force`` regrades everything.
 - **Which exercise.** ``--exercise chNN_<slug>`` (or ``--autograder PATH``), else each notebook's

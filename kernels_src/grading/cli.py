@@ -2,8 +2,9 @@
 
     kernels exercises [NAME ...] [--check]           generate exercises/ and _build/autograder/ (--check: only
                                                       report whether the committed exercises/ are up to date)
-    kernels grade SUBMISSIONS --out gradebook.csv    grade a folder (or one file) of submissions
+    kernels grade SUBMISSIONS [--out FILE.csv]      grade a folder (or one file) of submissions into a gradebook
           [--exercise chNN_slug | --autograder PATH] [--jobs N] [--force] [--no-otter]
+                                                      (default gradebook/gradebook.csv, a folder git ignores)
     kernels grade --solution chNN_slug               grade the master's solution (must be full marks)
     kernels racecheck FILE.py KERNEL                 (see `kernels racecheck -h`)
 """
@@ -11,16 +12,31 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-from .. import cli
+from ..usage import UsageError, input_path, one_of, output_dir, output_file, positive_int
+
+# The gradebook's default home, relative to where `kernels grade` runs: a folder that .gitignore names, so grades
+# never land in a commit. --out names another file; its results go beside it (<name>_results/).
+DEFAULT_GRADEBOOK = Path("gradebook") / "gradebook.csv"
+
+
+def _slugs() -> list[str]:
+    from . import exercises
+
+    return [p.stem for p in exercises.masters()]
+
+
+def _exercise(slug: str, flag: str) -> str:
+    return one_of("exercise", slug.removesuffix(".md"), _slugs(), flag)
 
 
 def cmd_exercises(args) -> int:
     from . import exercises
 
+    for name in args.names:
+        _exercise(name, "NAME")
     if args.check:
         with tempfile.TemporaryDirectory() as tmp:
             exercises.generate(args.names or None, Path(tmp) / "exercises", Path(tmp) / "build", zip_=False, quiet=True)
@@ -56,13 +72,27 @@ def compare_trees(fresh: Path, committed: Path, names=None) -> list[str]:
 
 def cmd_grade(args) -> int:
     if args.solution:
+        args.solution = _exercise(args.solution, "--solution")
+        output_file(args.json)
         return _grade_solution(args)
     if not args.submissions:
-        print("error: give a folder of submissions (or --solution chNN_slug)", file=sys.stderr)
-        return 2
+        raise UsageError("give a folder of submissions (or --solution chNN_slug)")
     from .batch import grade_folder
+    from .exercises import BUILD
 
-    out = args.out or "gradebook.csv"
+    input_path(args.submissions, "SUBMISSIONS")
+    if args.exercise:
+        args.exercise = _exercise(args.exercise, "--exercise")
+        if not args.autograder and not (BUILD / args.exercise).is_dir():
+            raise UsageError(f"--exercise {args.exercise}: its autograder {BUILD / args.exercise} is not built; "
+                             f"run `kernels exercises {args.exercise}` (or `make exercises`) first")
+    input_path(args.autograder, "--autograder")
+    output_dir(args.results_dir, "--results-dir")
+    if args.out:
+        out = output_file(args.out, "--out")
+    else:
+        out = DEFAULT_GRADEBOOK
+        out.parent.mkdir(exist_ok=True)
     summary = grade_folder(args.submissions, out, autograder=args.autograder, exercise=args.exercise, jobs=args.jobs,
                            results_dir=args.results_dir, force=args.force, run_otter=not args.no_otter,
                            progress=not args.quiet)
@@ -100,11 +130,14 @@ def cmd_racecheck(args) -> int:
 
     from .racecheck import racecheck
 
+    if input_path(args.file, "FILE", "file").suffix != ".py":
+        raise UsageError(f"FILE {args.file}: not a Python file (.py)")
     spec = importlib.util.spec_from_file_location("racecheck_target", args.file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    kernel = getattr(mod, args.kernel)
-    make = getattr(mod, args.args)
+    defined = sorted(n for n, f in vars(mod).items() if callable(f) and not n.startswith("_"))
+    kernel = getattr(mod, one_of(f"name in {args.file}", args.kernel, defined, "KERNEL"))
+    make = getattr(mod, one_of(f"name in {args.file}", args.args, defined, "--args"))
     grid, block, *kargs = make()
     rep = racecheck(kernel, grid, block, *kargs)
     print(rep)
@@ -119,11 +152,12 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser("grade", help="grade a folder of submissions into a gradebook (or --solution NAME)")
     s.add_argument("submissions", nargs="?", help="a folder of submissions (.ipynb/.md/.zip or one folder each)")
-    s.add_argument("--out", help="gradebook CSV (default gradebook.csv)")
-    s.add_argument("--results-dir", help="where results/<id>/results.json go (default: next to the CSV)")
+    s.add_argument("--out", help=f"gradebook CSV, in a folder that exists (default {DEFAULT_GRADEBOOK}, which "
+                   "git ignores)")
+    s.add_argument("--results-dir", help="where <id>/results.json go (default: <CSV name>_results/ next to the CSV)")
     s.add_argument("--exercise", help="grade every submission as this exercise (chNN_slug)")
     s.add_argument("--autograder", help="path to an autograder (zip, or _build/autograder/NAME)")
-    s.add_argument("--jobs", type=int, default=max(1, os.cpu_count() or 1), help="submissions graded at once")
+    s.add_argument("--jobs", type=positive_int, default=max(1, os.cpu_count() or 1), help="submissions graded at once")
     s.add_argument("--force", action="store_true", help="regrade submissions that already have results")
     s.add_argument("--no-otter", action="store_true", help="skip running the notebooks through otter (faster)")
     s.add_argument("--solution", help="grade the solution of this exercise; exit 1 unless full marks")
@@ -138,6 +172,3 @@ def add_commands(sub) -> None:
     s.add_argument("--args", default="make_args", help="name of that function (default make_args)")
     s.set_defaults(func=cmd_racecheck)
 
-
-if not any(getattr(f, "__module__", "") == __name__ for f in cli.EXTRA_COMMANDS):
-    cli.EXTRA_COMMANDS.append(add_commands)

@@ -206,19 +206,23 @@ def add_parser(sub) -> None:
 
 
 def cmd_asm(args) -> int:
-    from ..cli import parse_sizes
+    from ..usage import UsageError, check_sizes, op_named, output_file, parse_sizes, variant_names
 
-    size = parse_sizes(args.size)
-    try:
-        res = op_asm(args.op, args.variants.split(",") if args.variants else None, size[0] if size else None)
-    except KeyError as e:
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
-        return 2
+    op = op_named(args.op)
+    rungs = _course_rungs(op.name)
+    if not rungs:
+        raise UsageError(f"{op.name} has no CPU course rungs to disassemble; `kernels list {op.name}` shows its variants")
+    variants = variant_names(op, "cpu", args.variants, known=rungs) if args.variants else None
+    size = check_sizes(op, parse_sizes(args.size), "check")
+    if size and len(size) != 1:
+        raise UsageError(f"--size takes one size, not {len(size)}")
+    out = output_file(args.json)
+    res = op_asm(op.name, variants, size[0] if size else None)
     print(format_rows(res))
-    if args.json:
+    if out:
         from ..bench import save_json
 
-        print(f"wrote {save_json(res, args.json)}")
+        print(f"wrote {save_json(res, out)}")
     return 0
 
 

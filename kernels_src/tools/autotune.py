@@ -242,32 +242,65 @@ def autotune(out=None, quick=False, progress=True) -> dict:
 
 # ------------------------------------------------------------------------------------------ CLI
 def cmd_autotune(args) -> int:
-    autotune(args.out, args.quick)
+    from ..usage import output_file
+
+    out = output_file(args.out, "--out")
+    if device.MODE != "gpu":
+        print("kernels autotune: error: autotune times kernels on a real GPU; this machine has none "
+              f"({device.REASON}). Without a table the dispatcher uses its documented defaults.", file=sys.stderr)
+        return 2
+    autotune(out, args.quick)
     return 0
 
 
-def cmd_dispatch(args) -> int:
+def parse_config(text: str | None):
+    """``--config vocab=96,ctx=1024,width=768,heads=12,layers=12`` (any of them) -> a model Config, or None."""
     from ..model.reference import Config
+    from ..usage import UsageError
 
-    cfg = None
-    if args.config:
+    if not text:
+        return None
+    allowed = list(Config.__dataclass_fields__)
+    example = "vocab=96,ctx=1024,width=768,heads=12,layers=12"
+    values = {}
+    for kv in text.split(","):
+        key, eq, val = (x.strip() for x in kv.partition("="))
+        if not eq or key not in allowed:
+            raise UsageError(f"--config: cannot read {kv!r}; give name=number for any of {', '.join(allowed)} "
+                             f"(e.g. {example})")
         try:
-            cfg = Config(**{k: int(v) for k, v in (kv.split("=") for kv in args.config.split(","))})
-        except (ValueError, TypeError) as e:
-            print(f"error: --config takes e.g. vocab=96,ctx=1024,width=768,heads=12,layers=12 ({e})", file=sys.stderr)
-            return 2
+            values[key] = int(val)
+        except ValueError:
+            raise UsageError(f"--config: {key}={val!r} is not a whole number (e.g. {example})") from None
+        if values[key] < (0 if key == "layers" else 1):
+            raise UsageError(f"--config: {key}={values[key]} is too small ({key} must be "
+                             f"{0 if key == 'layers' else 1} or more)")
+    cfg = Config(**values)
+    if cfg.width % cfg.heads:
+        raise UsageError(f"--config: width={cfg.width} is not a multiple of heads={cfg.heads}")
+    return cfg
+
+
+def cmd_dispatch(args) -> int:
+    from ..usage import input_path, output_file
+
+    cfg = parse_config(args.config)
+    table = input_path(args.table, "--table", "file")
+    out = output_file(args.json)
     try:
-        rows = D.explain(args.explain, cfg, dev=args.device, table=args.table, batch=args.batch)
+        rows = D.explain(args.explain, cfg, dev=args.device, table=table, batch=args.batch)
     except D.DispatchError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"kernels dispatch: error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    if out:
+        out.write_text(json.dumps(rows, indent=1) + "\n")
     print(D.explain_text(rows))
     return 0
 
 
 def add_parser(sub) -> None:
+    from ..usage import positive_int
+
     s = sub.add_parser("autotune", help="time the dispatcher's candidates on this GPU and write its table")
     s.add_argument("--out", help="the table's path (default: kernels_src/runtime/tables/<this GPU>.json)")
     s.add_argument("--quick", action="store_true", help="only the capstone model's shapes, no threshold grid")
@@ -278,6 +311,6 @@ def add_parser(sub) -> None:
                                     "(default: the capstone benchmark's)")
     s.add_argument("--device", choices=list(D.DEVICES), default="gpu")
     s.add_argument("--table", help="a dispatch table (default for --device gpu: the committed H100 table)")
-    s.add_argument("--batch", type=int, help="sequences per step (default: the benchmark's; decode: 1)")
+    s.add_argument("--batch", type=positive_int, help="sequences per step (default: the benchmark's; decode: 1)")
     s.add_argument("--json", help="also write the rows to this file")
     s.set_defaults(func=cmd_dispatch)

@@ -14,7 +14,6 @@ the book draws its CPU scoreboard (kernels_src/figures/cpu.py).
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 # Registered CPU "variants" that model or demonstrate rather than compute an op's output at speed.
@@ -152,17 +151,23 @@ def format_board(board: dict) -> str:
 def add_parser(sub) -> None:
     s = sub.add_parser("cpuboard", help="every op's best CPU rung against torch (CPU) and NumPy, in one run")
     s.add_argument("--ops", help="comma-separated op names (default: every op with CPU rungs)")
-    s.add_argument("--out", help="folder for the JSON (default: book/data/bench/cpu/<this machine>)")
+    s.add_argument("--out", help="folder for the JSON, new or not, in a folder that exists (default: "
+                   "book/data/bench/cpu/<this machine>)")
     s.add_argument("--again", action="store_true", help="time the best rung and the baselines a second time")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar; print each op's table")
     s.set_defaults(func=cmd_cpuboard)
 
 
 def cmd_cpuboard(args) -> int:
-    try:
-        board = run(args.ops.split(",") if args.ops else None, args.out, args.again, progress=not args.quiet)
-    except KeyError as e:
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
-        return 2
+    from ..usage import UsageError, names, op_named, output_dir
+
+    wanted = names(args.ops)
+    scored = [o.name for o in board_ops()]
+    for name in wanted or []:
+        op_named(name)
+        if name not in scored:
+            raise UsageError(f"{name} has no CPU rungs to score; ops that have: {', '.join(scored)}")
+    out = output_dir(args.out)
+    board = run(wanted, out, args.again, progress=not args.quiet)
     print(format_board(board))
     return 0

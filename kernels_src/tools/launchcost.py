@@ -148,22 +148,27 @@ def measure(launches=2000, repeat=7) -> dict:
 
 
 def add_parser(sub) -> None:
+    from ..usage import positive_int
+
     s = sub.add_parser("launchcost", help="host cost of one kernel launch: numba by argument count, specialized, "
                        "packed, CUDA graph, torch")
-    s.add_argument("--launches", type=int, default=2000, help="launches per timed loop")
-    s.add_argument("--repeat", type=int, default=7, help="timed loops (the median is reported)")
+    s.add_argument("--launches", type=positive_int, default=2000, help="launches per timed loop")
+    s.add_argument("--repeat", type=positive_int, default=7, help="timed loops (the median is reported)")
     s.add_argument("--json", help="write the results to this file")
     s.set_defaults(func=cmd_launchcost)
 
 
 def cmd_launchcost(args) -> int:
+    from ..usage import output_file
+
+    out = output_file(args.json)
     try:
         res = measure(args.launches, args.repeat)
     except RuntimeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"kernels launchcost: error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        with open(args.json, "w") as f:
+    if out:
+        with open(out, "w") as f:
             json.dump(res, f, indent=1)
         print(f"wrote {args.json}")
     return 0

@@ -297,15 +297,21 @@ def add_parser(sub) -> None:
 def cmd_profile(args) -> int:
     from .. import device
     from ..bench import save_json
-    from ..cli import parse_sizes
+    from ..usage import UsageError, check_dtype, check_sizes, op_named, output_file, parse_sizes, variant_names
 
-    if device.SIMULATED or not device.GPU_VARIANTS_RUN:
-        print(f"error: profiling needs a real NVIDIA GPU and ncu ({device.REASON or 'the CUDA simulator is on'})",
-              file=sys.stderr)
-        return 2
-    sizes = parse_sizes(args.size)
+    op = op_named(args.op)
+    if args.variants:
+        variant_names(op, "gpu", args.variants)
+    variant_names(op, "gpu", [])  # an op with no GPU variant has nothing to profile
+    sizes = check_sizes(op, parse_sizes(args.size), "bench")
     if sizes and len(sizes) != 1:
-        print("error: --size takes one size", file=sys.stderr)
+        raise UsageError(f"--size takes one size, not {len(sizes)}")
+    check_dtype(args.dtype, {d for v in op.variants if v.backend == "gpu" for d in v.dtypes},
+                f"the GPU variants of {op.name}")
+    out = output_file(args.json)
+    if device.SIMULATED or not device.GPU_VARIANTS_RUN:
+        print(f"kernels profile: error: profiling needs a real NVIDIA GPU and ncu "
+              f"({device.REASON or 'the CUDA simulator is on'})", file=sys.stderr)
         return 2
     try:
         res = profile(args.op, args.variants.split(",") if args.variants else None, sizes[0] if sizes else None,
@@ -317,8 +323,8 @@ def cmd_profile(args) -> int:
     print(table(res, columns=[m for m in res["metrics"] if m in SHORT][:8]))
     if res["dropped"]:
         print(f"ncu did not know these metrics (left out): {', '.join(res['dropped'])}")
-    if args.json:
-        print(f"wrote {save_json(res, args.json)}")
+    if out:
+        print(f"wrote {save_json(res, out)}")
     return 0
 
 

@@ -277,9 +277,11 @@ def add_parser(sub) -> None:
 
 def cmd_stepprofile(args) -> int:
     from .. import device
+    from ..usage import output_file
 
+    out = output_file(args.json)
     if device.MODE != "gpu":
-        print(f"error: a step profile needs a real GPU (kernels run in the {device.MODE} mode)", file=sys.stderr)
+        print(f"kernels stepprofile: error: a step profile needs a real GPU (kernels run in the {device.MODE} mode)", file=sys.stderr)
         return 2
     cfg = config(args.config)
     if args.step == "decode":
@@ -290,8 +292,8 @@ def cmd_stepprofile(args) -> int:
     for name, r in res["runs"].items():
         print(f"{name:14s} wall {1e6 * r['wall_s']:9.1f} us  launches {r['launches']:5d}  "
               f"kernels {1e6 * r['kernel_s']:9.1f} us  gaps {1e6 * r['gap_s']:9.1f} us")
-    if args.json:
-        with open(args.json, "w") as f:
+    if out:
+        with open(out, "w") as f:
             json.dump(res, f, indent=1)
-        print(f"wrote {args.json}")
+        print(f"wrote {out}")
     return 0
