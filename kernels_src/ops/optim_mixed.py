@@ -527,11 +527,15 @@ def make_inputs_round(size, dtype, rng):
 
 
 def make_edge_inputs_round(size, dtype, rng):
-    """0, -0, +-inf, NaN, the largest float32 (rounds up to inf), the largest bf16, float32 subnormals (bf16
-    has the same exponent range, so they round on the same 2^-133 grid) and a tie just below 2^-126."""
+    """0, -0, +-inf, NaN (also with payload bits), the largest float32 (rounds up to inf), the largest bf16,
+    float32 subnormals (bf16 has the same exponent range, so they round on the same 2^-133 grid) and a tie just
+    below 2^-126."""
     (x,) = make_inputs_round(size, dtype, rng)
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.4028235e38, -3.3895314e38, 1e-40, -3e-39,
                         np.uint32(0x00808000).view(np.float32)], dtype=np.float32)
+    # NaNs whose low bits are set: adding 0x7FFF to their bits carries into the sign (0x7FFFFFFF -> -0.0) or
+    # past 32 bits (0xFFFFFFFF -> +0.0), so only an explicit NaN test keeps them NaN
+    special = np.concatenate([special, np.array([0x7FFFFFFF, 0xFFFFFFFF], dtype=np.uint32).view(np.float32)])
     _sprinkle(x, rng, special)
     return (x,)
 
