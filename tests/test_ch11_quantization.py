@@ -1,6 +1,6 @@
 """Chapter 11: quantization. GGML Q8_0 / Q4_0 bit-compatibility on hand-worked blocks (the sign of the Q4_0
-scale, the +8.5 truncation, roundf's ties, d = 0), the packed byte layout, the int8 schemes, and every
-quantizer (CPU and GPU) bit-exact against the reference."""
+scale, the +8.5 truncation, roundf's ties, d = 0), the packed byte layout, the int8 schemes, every
+quantizer (CPU and GPU) bit-exact against the reference, and the Delta^2/12 error model (quant_error)."""
 import numpy as np
 import pytest
 
