@@ -161,7 +161,10 @@ def _draw(n, rng):
 
 
 def _away_from_boundaries(arrays, rng, new_p, r=None):
-    """Redraw the elements whose new weight rounds within MARGIN fp32 ulps of a boundary (in place)."""
+    """Redraw the elements whose new weight rounds within MARGIN fp32 ulps of a boundary (in place). Skipped
+    for benchmark sizes (above 2^22 elements), whose outputs are timed, never compared."""
+    if arrays[0].size > 1 << 22:
+        return
     for _ in range(100):
         near = ulps_from_boundary(new_p(), r) <= MARGIN
         if not near.any():
