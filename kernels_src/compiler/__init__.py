@@ -149,6 +149,7 @@ else:
 
 # ------------------------------------------------------------------------------------ the course's intrinsics
 from .vec import load4, store4  # noqa: E402
+from .inline_ptx import dp4a  # noqa: E402
 from .cpubits import cpu_dispatcher_type, float32_from_bits, numba_threads_started, using_svml  # noqa: E402
 from .cpubits import apply_cpu_vector_bits as _apply_cpu_vector_bits  # noqa: E402
 
@@ -158,5 +159,5 @@ CPU_VECTORS = _apply_cpu_vector_bits()
 __all__ = ["NAME", "REASON", "TRADE_OFFS", "USE_MLIR", "version", "cuda", "njit", "prange", "vectorize",
            "get_num_threads", "typeof", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
            "uint8", "uint16", "uint32", "uint64", "boolean", "void", "types", "fastmath", "fmul_rn", "fadd_rn",
-           "int_as_float", "load4", "store4", "float32_from_bits",
+           "int_as_float", "load4", "store4", "dp4a", "float32_from_bits",
            "cpu_dispatcher_type", "using_svml", "numba_threads_started", "CPU_VECTORS"]
