@@ -138,3 +138,27 @@ def test_corpus_and_tokenizer():
     assert len(text) > 5000 and "```" not in text and "code-cell" not in text
     ids = data.encode("Hello, kernel!\n")
     assert data.decode(ids) == "Hello, kernel!\n" and data.VOCAB == 96 and ids.max() < 96
+
+
+def test_exercise_oracles_equal_the_reference_model():
+    """The exercise ops' oracles (kernels_src/ops/transformer_block.py) are built from the ops' own oracles, below
+    the model; they must equal the reference model's block and its L = 0 backward."""
+    from kernels_src.ops import transformer_block as tb
+    from kernels_src.ops.rope import cos_sin_cache
+
+    rng = np.random.default_rng(7)
+    T, C = 9, 16
+    cfg = Config(vocab=T, ctx=T, width=C, heads=tb.BLOCK_HEADS, layers=1)
+    p = _params(cfg)
+    x = p["wte"]  # token t embeds to x[t]: the block's input, for ids 0 .. T-1
+    cos, sin = cos_sin_cache(T, C // tb.BLOCK_HEADS, dtype=np.float64)
+    y = tb.block_reference(x, *(p[f"h0.{n}"] for n in ("g1", "wqkv", "wo", "g2", "wfc", "wproj")), cos, sin)
+    ref = ReferenceGPT(cfg, p)
+    ref.forward(np.arange(T)[None])
+    np.testing.assert_allclose(y, ref.cache["xL"][0], rtol=1e-12, atol=1e-12)
+
+    theta, ids, targets, V, C = tb.fd_inputs((6, 4), np.float64, rng)
+    cfg0 = Config(vocab=V, ctx=len(ids), width=C, heads=1, layers=0)
+    _, g = ReferenceGPT(cfg0, tb.unpack(theta, V, C)).loss_and_grads(ids[None], targets[None])
+    np.testing.assert_allclose(tb.fd_reference(theta, ids, targets, V, C),
+                               np.concatenate([g["wte"].ravel(), g["gf"]]), rtol=1e-12, atol=1e-14)

@@ -59,3 +59,74 @@ def test_the_door_test_can_fail(tmp_path):
     f = tmp_path / "k.py"
     f.write_text("def f():\n    from numba import cuda\n    import numba.core.types as t\n")
     assert [m for m in _imports(f) if m.startswith("numba")] == ["numba", "numba.core.types"]
+
+
+# ------------------------------------------------------------------------------------ one-way dependencies
+# The library's layers, low to high (../shared/STYLE.md, habit 12): a module imports only from its own layer
+# or below. Modules not named here (bench, the package's __init__) are not held to an order.
+LAYER = {"paths": 1, "simulator": 1, "device": 1, "compiler": 1,
+         "registry": 2,
+         "parity": 3, "ptx": 3, "usage": 3,                     # usage: the command line's argument checks
+         "ops": 4, "runtime": 4,                                # the dispatcher serves the model
+         "model": 5,
+         "tools": 6, "figures": 6, "plots": 6, "doctor": 6, "mlp": 6, "pitfalls": 6, "benchall": 6,
+         "cli": 7, "grading": 7,
+         "__main__": 8}
+# Imports that still run upward, each with why. The list only shrinks: an entry that no longer holds fails
+# the test, so that a fixed one cannot come back unnoticed.
+KNOWN_UPWARD = {
+    ("runtime/dispatch.py", "model"): "dispatch.explain() drives a dry run of the capstone model; it belongs "
+                                      "above the model",
+}
+
+
+def _component_imports(path: Path) -> set[str]:
+    """The top-level parts of kernels_src (``ops``, ``cli``, ``model``, ...) that a module imports."""
+    rel = path.relative_to(ROOT / "kernels_src").parts
+    package = list(rel[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - (node.level - 1)]
+            if node.module:
+                full = [base + node.module.split(".")]
+            else:
+                full = [base + [a.name] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kernels_src."):
+            full = [node.module.split(".")[1:]]
+        elif isinstance(node, ast.Import):
+            full = [a.name.split(".")[1:] for a in node.names if a.name.startswith("kernels_src.")]
+        else:
+            continue
+        out |= {f[0].removesuffix(".py") for f in full if f}
+    return out
+
+
+def _component(path: Path) -> str:
+    rel = path.relative_to(ROOT / "kernels_src").parts
+    return rel[0].removesuffix(".py")
+
+
+def test_dependencies_point_one_way():
+    """No module imports from a layer above its own (the tools never import the CLI; an op never imports the
+    model, the model never the figures or the tools), apart from KNOWN_UPWARD."""
+    found = {}
+    for p in sorted((ROOT / "kernels_src").rglob("*.py")):
+        me = _component(p)
+        if me not in LAYER:
+            continue
+        for other in _component_imports(p) - {me}:
+            if LAYER.get(other, 0) > LAYER[me]:
+                found[(p.relative_to(ROOT / "kernels_src").as_posix(), other)] = f"{me} -> {other}"
+    new = {k: v for k, v in found.items() if k not in KNOWN_UPWARD}
+    assert not new, f"imports that run up the layers (move the function they need down a level): {new}"
+    gone = set(KNOWN_UPWARD) - set(found)
+    assert not gone, f"fixed, so take them off KNOWN_UPWARD: {sorted(gone)}"
+
+
+def test_only_the_entry_point_imports_the_cli():
+    """The CLI sits on top: its subcommands' modules (tools, grading) are imported by it, never the reverse.
+    Shared argument helpers (parse_sizes, the checks of bad input) live in kernels_src/usage.py."""
+    importers = sorted(p.relative_to(ROOT / "kernels_src").as_posix() for p in (ROOT / "kernels_src").rglob("*.py")
+                       if _component(p) != "cli" and "cli" in _component_imports(p))
+    assert importers == ["__main__.py"], importers

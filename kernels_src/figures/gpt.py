@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import registry
 from ..model import data
+from ..model.data import evaluate
 from ..model.gpt import GPT
 from ..model.reference import Config, ReferenceGPT, init_params, param_shapes
 
@@ -120,11 +121,6 @@ def train(model: GPT, tokens, steps, batch, ctx, lr, warmup=10, seconds=None, se
             break
     hist["seconds"] = time.perf_counter() - t0
     return hist
-
-
-def evaluate(model: GPT, tokens, batch, ctx, n_batches=2, seed=123) -> float:
-    it = data.batches(tokens, batch, ctx, seed)
-    return float(np.mean([model.forward(*next(it))[1] for _ in range(n_batches)]))
 
 
 def bytes_per_token(cfg: Config, fmt: str, position: int) -> dict:

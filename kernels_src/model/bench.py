@@ -147,6 +147,33 @@ def torch_model(cfg, params, host_logits=True):
     return P, forward, decode
 
 
+def torch_graph_decode(cfg, params, pos):
+    """torch's decode step at position pos captured in a CUDA graph (static token, cache and logits);
+    returns (graph, run) where run() replays it and copies the logits to the host."""
+    import torch
+
+    _P, _fwd, decode = torch_model(cfg, params, host_logits=False)
+    H, D = cfg.heads, cfg.head_dim
+    cache = [(torch.zeros(1, H, cfg.ctx, D, device="cuda"), torch.zeros(1, H, cfg.ctx, D, device="cuda"))
+             for _ in range(cfg.layers)]
+    tok = torch.tensor([3], device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            decode(tok, pos, cache)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        logits = decode(tok, pos, cache)
+
+    def run():
+        g.replay()
+        return logits.cpu()
+
+    return g, run
+
+
 def torch_stage(cfg, params, model, ids, tg):
     import torch
 
@@ -186,8 +213,6 @@ def torch_stage(cfg, params, model, ids, tg):
 
 
 def training(cfg, steps=300, seconds=30.0):
-    from ..figures.gpt import evaluate
-
     tokens = data.encode(data.corpus())
     tr, va = data.split(tokens)
     m = GPT(cfg, init_params(cfg, 0), "gpu")
@@ -201,7 +226,7 @@ def training(cfg, steps=300, seconds=30.0):
         hist["loss"].append(m.train_step(ids, tg, lr))
         if (s + 1) % 50 == 0:
             hist["val_step"].append(s + 1)
-            hist["val"].append(evaluate(m, va, BATCH, 128))
+            hist["val"].append(data.evaluate(m, va, BATCH, 128))
         if time.perf_counter() - t0 > seconds:
             break
     hist["seconds"] = time.perf_counter() - t0
@@ -221,8 +246,6 @@ def decode_compare(cfg, pos, reps=50, compile_torch=True) -> dict:
     launch plan and as a CUDA graph (kernels_src.runtime), against torch eager, torch.compile and torch
     replayed in a CUDA graph. Every step ends with the logits on the host. Medians of reps steps."""
     import torch
-
-    from ..tools.stepprofile import torch_graph_decode
 
     params = init_params(cfg, 0)
     model = GPT(cfg, params, "gpu")

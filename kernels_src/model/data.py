@@ -76,6 +76,13 @@ def batches(tokens: np.ndarray, batch: int, ctx: int, seed: int = 0):
         yield tokens[idx], tokens[idx + 1]
 
 
+def evaluate(model, tokens, batch, ctx, n_batches=2, seed=123) -> float:
+    """The mean loss of ``model`` (anything with ``forward(ids, targets) -> (logits, loss)``) over ``n_batches``
+    fixed random batches of ``tokens``: the validation loss of the training curves."""
+    it = batches(tokens, batch, ctx, seed)
+    return float(np.mean([model.forward(*next(it))[1] for _ in range(n_batches)]))
+
+
 def split(tokens: np.ndarray, val_frac: float = 0.1):
     """(train, validation): the last val_frac of the text is held out."""
     n = int(len(tokens) * (1 - val_frac))

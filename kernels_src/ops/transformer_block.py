@@ -2,12 +2,15 @@
 
 block_forward   x (T,C), g1 (C,), wqkv (C,3C), wo (C,C), g2 (C,), wfc (C,F), wproj (F,C), cos, sin (T,D/2)
                 -> y (T,C): one pre-norm block of the capstone GPT for one sequence, H = BLOCK_HEADS heads
-                of D = C/H, F = 4C (see kernels_src/model/reference.py for the math)
+                of D = C/H, F = 4C (the math of kernels_src/model/reference.py, from the oracles of the ops
+                it is made of: RMSNorm, RoPE, causal attention, GELU)
 gpt_fd_gradient theta (V*C + C,) float64, ids (T,) int32, targets (T,) int32, V, C
                 -> g (V*C + C,): the gradient of the mean cross-entropy of the smallest whole GPT, L = 0
                 blocks (embedding -> final RMSNorm -> tied head -> loss), parameters packed as
                 theta = [wte (V,C) row-major | gf (C,)]. The exercise computes it by central finite
-                differences; the oracle is the reference model's hand-written backward.
+                differences; the oracle is that model's backward written out (cross-entropy and RMSNorm
+                backward oracles), equal to the reference model's (tests/test_ch13_capstone.py holds them
+                to each other).
 These ops have no ladder: they exist only as exercises (registry.exercise_op), so no benchmark shows them.
 """
 import numpy as np
@@ -18,20 +21,23 @@ BLOCK_HEADS = 2
 
 
 def block_reference(x, g1, wqkv, wo, g2, wfc, wproj, cos, sin):
-    """float64 oracle: the reference model's block, applied to one sequence."""
-    from ..model.reference import attention_fwd, rms_fwd, rope
+    """float64 oracle: the reference model's block, applied to one sequence, from the ops' own oracles."""
     from .activations import gelu_ref
+    from .attention import reference as attention
+    from .norms import rms_reference
+    from .rope import rotate
 
     x = np.asarray(x, np.float64)
     T, C = x.shape
     H, D = BLOCK_HEADS, C // BLOCK_HEADS
-    c64, s64 = np.asarray(cos, np.float64), np.asarray(sin, np.float64)
-    h, _ = rms_fwd(x, np.asarray(g1, np.float64))
-    qkv = (h @ np.asarray(wqkv, np.float64)).reshape(1, T, 3, H, D).transpose(2, 0, 3, 1, 4)
-    q, k, v = rope(qkv[0], c64, s64), rope(qkv[1], c64, s64), qkv[2]
-    o, _ = attention_fwd(q, k, v)
-    x = x + o.transpose(0, 2, 1, 3).reshape(T, C) @ np.asarray(wo, np.float64)
-    h, _ = rms_fwd(x, np.asarray(g2, np.float64))
+    c64, s64, pos = np.asarray(cos, np.float64), np.asarray(sin, np.float64), np.arange(T)
+    h, _ = rms_reference(x, np.asarray(g1, np.float64))
+    qkv = (h @ np.asarray(wqkv, np.float64)).reshape(T, 3, H, D)  # (T,3,H,D)
+    q, k, v = (a[None].transpose(0, 2, 1, 3) for a in  # (1,H,T,D) each; q and k rotated
+               (rotate(qkv[:, 0], pos, c64, s64), rotate(qkv[:, 1], pos, c64, s64), qkv[:, 2]))
+    o, _ = attention(q, k, v, np.array([T]), True)  # (1,H,T,D), causal
+    x = x + o[0].transpose(1, 0, 2).reshape(T, C) @ np.asarray(wo, np.float64)
+    h, _ = rms_reference(x, np.asarray(g2, np.float64))
     return x + gelu_ref(h @ np.asarray(wfc, np.float64)) @ np.asarray(wproj, np.float64)
 
 
@@ -73,12 +79,23 @@ def unpack(theta, V, C):
 
 
 def fd_reference(theta, ids, targets, V, C):
-    """float64 oracle: the analytic gradient of the L = 0 GPT (reference model's backward)."""
-    from ..model.reference import Config, ReferenceGPT
+    """float64 oracle: the analytic gradient of the L = 0 GPT (the reference model's backward with no block).
 
-    cfg = Config(vocab=int(V), ctx=max(1, len(ids)), width=int(C), heads=1, layers=0)
-    _, g = ReferenceGPT(cfg, unpack(theta, V, C)).loss_and_grads(np.asarray(ids)[None], np.asarray(targets)[None])
-    return np.concatenate([g["wte"].ravel(), g["gf"]])
+    x = wte[ids] (T,C);  xf, rstd = rmsnorm(x) * gf;  logits = xf @ wte^T (T,V);  loss = mean cross-entropy."""
+    from .cross_entropy import reference as ce, reference_bwd as ce_bwd
+    from .norms import rms_bwd_reference, rms_reference
+
+    p = unpack(theta, V, C)
+    ids, targets = np.asarray(ids), np.asarray(targets)
+    T = len(ids)
+    x = p["wte"][ids]
+    xf, rstd = rms_reference(x, p["gf"])
+    logits = xf @ p["wte"].T
+    dlogits = ce_bwd(logits, targets, ce(logits, targets)[1], np.full(T, 1.0 / T))  # of the mean loss
+    g_wte = dlogits.T @ xf  # the tied head
+    dx, g_gf = rms_bwd_reference(dlogits @ p["wte"], x, rstd, p["gf"])
+    np.add.at(g_wte, ids, dx)  # the embedding
+    return np.concatenate([g_wte.ravel(), g_gf])
 
 
 def fd_inputs(size, dtype, rng):

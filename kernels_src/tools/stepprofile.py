@@ -176,7 +176,7 @@ def profile_decode(cfg, pos=None, modes=("eager", "plan", "graph"), torch_too=Tr
 def torch_decode_runs(cfg, params, pos) -> dict:
     import torch
 
-    from ..model.bench import torch_model
+    from ..model.bench import torch_graph_decode, torch_model
 
     _P, _fwd, decode = torch_model(cfg, params)
     H, D = cfg.heads, cfg.head_dim
@@ -190,35 +190,6 @@ def torch_decode_runs(cfg, params, pos) -> dict:
     wall = _median_wall(run)
     out["torch_graph"] = summarize(gpu_timeline(run), wall)
     return out
-
-
-def torch_graph_decode(cfg, params, pos):
-    """torch's decode step at position pos captured in a CUDA graph (static token, cache and logits);
-    returns (graph, run) where run() replays it and copies the logits to the host."""
-    import torch
-
-    from ..model.bench import torch_model
-
-    _P, _fwd, decode = torch_model(cfg, params, host_logits=False)
-    H, D = cfg.heads, cfg.head_dim
-    cache = [(torch.zeros(1, H, cfg.ctx, D, device="cuda"), torch.zeros(1, H, cfg.ctx, D, device="cuda"))
-             for _ in range(cfg.layers)]
-    tok = torch.tensor([3], device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            decode(tok, pos, cache)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        logits = decode(tok, pos, cache)
-
-    def run():
-        g.replay()
-        return logits.cpu()
-
-    return g, run
 
 
 def profile_train(cfg, batch=16, T=None, torch_too=True) -> dict:
