@@ -35,6 +35,10 @@ BUILD = ROOT / "_build" / "autograder"
 GRADING_PACKAGES = ["numpy", "numba", "numba-cuda", "tqdm", "otter-grader", "jupytext", "ipykernel", "nbconvert",
                     "nbformat", "nvidia-cuda-nvcc", "nvidia-cuda-nvrtc", "nvidia-nvvm", "cuda-bindings",
                     "cuda-pathfinder"]
+# Declared by otter-grader's dependencies but never used to grade: Playwright (nbconvert[webpdf], a PDF export
+# through Chromium; the autograder writes no PDF) and Sphinx (fica's documentation directive). They and what only
+# they need stay out of requirements.txt, which setup.sh installs with --no-deps so that pip does not add them back.
+NOT_FOR_GRADING = ("playwright", "sphinx")
 ZIP_DATE = (2020, 1, 1, 0, 0, 0)
 
 INIT_CELL = '''# Initialize Otter: grader.check("q1") runs the visible checks of question 1 (tests/{slug}/).
@@ -165,7 +169,8 @@ def _write_if_changed(path: Path, text: str) -> None:
 # ---------------------------------------------------------------------------------- Gradescope files
 SETUP_SH = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, to build the grading image. It installs a Python >= 3.11, the
-# pinned packages of requirements.txt from PyPI, and the course library shipped in this zip.
+# pinned packages of requirements.txt from PyPI (the whole set, hence --no-deps), and the course library
+# shipped in this zip.
 set -euo pipefail
 cd /autograder/source
 PY=""
@@ -182,7 +187,7 @@ if [ -z "$PY" ]; then
 fi
 "$PY" -m venv /autograder/venv
 /autograder/venv/bin/python -m pip install --upgrade pip
-/autograder/venv/bin/python -m pip install --no-cache-dir -r requirements.txt
+/autograder/venv/bin/python -m pip install --no-cache-dir --no-deps -r requirements.txt
 /autograder/venv/bin/python -m pip install --no-cache-dir --no-deps ./course
 /autograder/venv/bin/python -m ipykernel install --sys-prefix --name python3
 KERNELS_BENCH_DATA=/autograder/source/course/book/data/bench \
@@ -201,7 +206,8 @@ exec "$PY" -m kernels_src.grading.submission --gradescope "$ROOT"
 
 
 def pinned_requirements() -> str:
-    """requirements.txt: the grading packages and their whole dependency closure, at installed versions."""
+    """requirements.txt: the grading packages and their whole dependency closure, at installed versions, less
+    NOT_FOR_GRADING and what only they depend on."""
     from importlib import metadata
 
     from packaging.markers import default_environment
@@ -216,6 +222,8 @@ def pinned_requirements() -> str:
     while todo:
         name, extras = todo.pop()
         key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in NOT_FOR_GRADING:
+            continue
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
