@@ -72,3 +72,15 @@ def test_write_record_counts_a_kernel_store_that_keeps_the_value():
         _atomic_kernel[1, 8](out, x)
         rec = s.writes()[0]
     assert rec.kernel.all() and not rec.host.any()
+
+
+def test_the_runtime_copy_holds_every_module_of_the_compiler_door():
+    """A sandboxed student process imports kernels_src.compiler: a module of the door missing from the grader's
+    runtime copy makes every submission fail to import (it happened once, when inline_ptx.py was added)."""
+    from pathlib import Path
+
+    from kernels_src.grading.sandbox import RUNTIME_FILES
+
+    door = Path(__file__).resolve().parents[1] / "kernels_src" / "compiler"
+    missing = sorted(f"compiler/{p.name}" for p in door.glob("*.py") if f"compiler/{p.name}" not in RUNTIME_FILES)
+    assert not missing, f"add these to grading/sandbox.py RUNTIME_FILES: {missing}"

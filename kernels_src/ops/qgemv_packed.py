@@ -28,6 +28,7 @@ the last row, and its sum is never stored). The partial sums meet in shared memo
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -102,6 +103,7 @@ def block_reduce_store(y, part, acc, n0, rows, t, threads):
         y[n0 + t] = part[t, 0]
 
 
+@functools.cache
 def make_packed_kernel(fmt, int8x, rows=ROWS, warps=WARPS):
     """The rung-5 (int8x=False) or rung-6 (int8x=True) kernel for one format and block shape."""
     threads = 32 * warps
