@@ -40,9 +40,10 @@ from ..registry import register
 from .quant import FORMATS, MAGIC, QK, _scales, q8act_tol
 
 OFFSET4 = np.int32(-0x7F7F7F80)  # 0x80808080 as an int32: XOR flips the sign bit of each byte
-ROWS = 8  # outputs per thread block
-WARPS = 4  # warps per block: they split K
-THREADS = 32 * WARPS
+ROWS = 8  # rung 5: outputs per thread block
+WARPS = 4  # rung 5: warps per block, which split K
+WROWS = 4  # rungs 6-7: outputs per warp
+WWARPS = 4  # rungs 6-7: warps per block (each with its own rows)
 
 _repacked: dict = {}
 
@@ -105,144 +106,300 @@ def block_reduce_store(y, part, acc, n0, rows, t, threads):
 
 
 @functools.cache
-def make_packed_kernel(fmt, int8x, rows=ROWS, warps=WARPS):
-    """The rung-5 (int8x=False) or rung-6 (int8x=True) kernel for one format and block shape."""
+def make_packed_kernel(fmt, rows=ROWS, warps=WARPS):
+    """Rung 5: ``warps`` warps split K, ``rows`` outputs per block, fp32 x; a block-wide tree at the end."""
     threads = 32 * warps
     q8 = fmt == "q8_0"
     WPC = 16 if q8 else 32  # weights per chunk (16 bytes of quants)
 
-    if not int8x:
-        @cuda.jit(fastmath=True)
-        def kernel(y, x, qs, d):
-            t = cuda.threadIdx.y * 32 + cuda.threadIdx.x
-            n0 = cuda.blockIdx.x * rows
-            N = y.size
-            C = x.size // WPC  # chunks in a row
-            acc = cuda.local.array(rows, float32)
-            xv = cuda.local.array(WPC, float32)
-            part = cuda.shared.array((rows, threads), float32)
-            for r in range(rows):
-                acc[r] = float32(0.0)
-            for c in range(t, C, threads):
-                for i in range(WPC // 4):
-                    xv[4 * i], xv[4 * i + 1], xv[4 * i + 2], xv[4 * i + 3] = load4(x, c * (WPC // 4) + i)
-                b = c // 2 if q8 else c  # the block this chunk belongs to
-                for r in range(rows):
-                    n = min(n0 + r, N - 1)
-                    w0, w1, w2, w3 = load4(qs, n * (x.size // WPC) + c)
-                    s = float32(0.0)
-                    if q8:
-                        for k in range(4):
-                            v = int32((w0, w1, w2, w3)[k]) ^ OFFSET4  # int8 -> offset binary q + 128
-                            for j in range(4):
-                                f = int_as_float(MAGIC | ((v >> (8 * j)) & 0xFF)) - float32(8388736.0)  # 2^23+128
-                                s += f * xv[4 * k + j]
-                    else:
-                        for k in range(4):
-                            v = (w0, w1, w2, w3)[k]
-                            for j in range(4):
-                                lo = int_as_float(MAGIC | ((v >> (8 * j)) & 15)) - float32(8388616.0)  # 2^23+8
-                                hi = int_as_float(MAGIC | ((v >> (8 * j + 4)) & 15)) - float32(8388616.0)
-                                s += lo * xv[4 * k + j] + hi * xv[16 + 4 * k + j]
-                    acc[r] += float32(d[n, b]) * s
-            block_reduce_store(y, part, acc, n0, rows, t, threads)
-
-        return kernel
-
-    NX = 4 if q8 else 8  # words of int8 x a lane holds: its 16 (Q8_0) or 32 (Q4_0) activations
-
     @cuda.jit(fastmath=True)
-    def kernel8(y, x, qs, d):
+    def kernel(y, x, qs, d):
         t = cuda.threadIdx.y * 32 + cuda.threadIdx.x
         n0 = cuda.blockIdx.x * rows
         N = y.size
-        C = x.size // WPC
+        C = x.size // WPC  # chunks in a row
         acc = cuda.local.array(rows, float32)
-        xi = cuda.local.array(NX, int32)  # this lane's chunk of x as int8, 4 per word
+        xv = cuda.local.array(WPC, float32)
         part = cuda.shared.array((rows, threads), float32)
         for r in range(rows):
             acc[r] = float32(0.0)
         for c in range(t, C, threads):
-            b = c // 2 if q8 else c
-            amax = float32(0.0)  # the block's scale needs all 32 of its activations
-            for i in range(QK // 4):
-                a0, a1, a2, a3 = load4(x, b * (QK // 4) + i)
-                amax = max(amax, abs(a0), abs(a1), abs(a2), abs(a3))
-            dx = amax / float32(127.0)
-            idv = float32(1.0) / dx if dx != 0 else float32(0.0)
-            first = (c - 2 * b) * 4 if q8 else 0  # Q8_0: the half of the block this lane owns
-            for i in range(NX):
-                a0, a1, a2, a3 = load4(x, b * (QK // 4) + first + i)
-                xi[i] = pack4(quantize_x8(a0, idv), quantize_x8(a1, idv), quantize_x8(a2, idv),
-                              quantize_x8(a3, idv))
-            sx = int32(0)  # Q4_0 quants are stored as q + 8 (0..15): 8 * sum(x) comes off once per block
-            if not q8:
-                for i in range(NX):
-                    sx = dp4a(xi[i], 0x01010101, sx)
+            for i in range(WPC // 4):
+                xv[4 * i], xv[4 * i + 1], xv[4 * i + 2], xv[4 * i + 3] = load4(x, c * (WPC // 4) + i)
+            b = c // 2 if q8 else c  # the block this chunk belongs to
             for r in range(rows):
                 n = min(n0 + r, N - 1)
                 w0, w1, w2, w3 = load4(qs, n * C + c)
-                if q8:
-                    s = dp4a(w0, xi[0], dp4a(w1, xi[1], dp4a(w2, xi[2], dp4a(w3, xi[3], 0))))
-                else:  # byte j of the chunk holds element j (low nibble) and element j + 16 (high)
-                    s = int32(-8 * sx)
-                    s = dp4a(w0 & 0x0F0F0F0F, xi[0], s)
-                    s = dp4a(w1 & 0x0F0F0F0F, xi[1], s)
-                    s = dp4a(w2 & 0x0F0F0F0F, xi[2], s)
-                    s = dp4a(w3 & 0x0F0F0F0F, xi[3], s)
-                    s = dp4a((w0 >> 4) & 0x0F0F0F0F, xi[4], s)
-                    s = dp4a((w1 >> 4) & 0x0F0F0F0F, xi[5], s)
-                    s = dp4a((w2 >> 4) & 0x0F0F0F0F, xi[6], s)
-                    s = dp4a((w3 >> 4) & 0x0F0F0F0F, xi[7], s)
-                acc[r] += float32(d[n, b]) * dx * float32(s)
+                acc[r] += float32(d[n, b]) * chunk_dot_f32(q8, w0, w1, w2, w3, xv)
         block_reduce_store(y, part, acc, n0, rows, t, threads)
+
+    return kernel
+
+
+@cuda.jit(device=True, inline=True)
+def chunk_dot_f32(q8, w0, w1, w2, w3, xv):
+    """The dot product of one 16-byte chunk of quants with its x values (fp32), integers turned into floats by
+    the 2^23 trick: Q8_0 16 int8 (XOR 0x80 makes them q + 128), Q4_0 32 nibbles (q + 8; byte j holds
+    element j low and j + 16 high)."""
+    s = float32(0.0)
+    if q8:
+        for k in range(4):
+            v = int32((w0, w1, w2, w3)[k]) ^ OFFSET4
+            for j in range(4):
+                s += (int_as_float(MAGIC | ((v >> (8 * j)) & 0xFF)) - float32(8388736.0)) * xv[4 * k + j]  # 2^23+128
+    else:
+        for k in range(4):
+            v = (w0, w1, w2, w3)[k]
+            for j in range(4):
+                lo = int_as_float(MAGIC | ((v >> (8 * j)) & 15)) - float32(8388616.0)  # 2^23 + 8
+                hi = int_as_float(MAGIC | ((v >> (8 * j + 4)) & 15)) - float32(8388616.0)
+                s += lo * xv[4 * k + j] + hi * xv[16 + 4 * k + j]
+    return s
+
+
+@cuda.jit(device=True, inline=True)
+def chunk_dot_i8(q8, w0, w1, w2, w3, xa0, xa1, xa2, xa3, xb0, xb1, xb2, xb3):
+    """The int32 dot product of one 16-byte chunk of quants with int8 x (4 per word, xa then xb): Q8_0 four
+    dp4a on 16 signed bytes; Q4_0 eight on the 32 unsigned nibbles (0..15: the caller takes 8 * sum(x) off)."""
+    if q8:
+        return dp4a(w0, xa0, dp4a(w1, xa1, dp4a(w2, xa2, dp4a(w3, xa3, 0))))
+    s = dp4a(w0 & 0x0F0F0F0F, xa0, dp4a(w1 & 0x0F0F0F0F, xa1, dp4a(w2 & 0x0F0F0F0F, xa2,
+                                                                 dp4a(w3 & 0x0F0F0F0F, xa3, 0))))
+    return dp4a((w0 >> 4) & 0x0F0F0F0F, xb0, dp4a((w1 >> 4) & 0x0F0F0F0F, xb1,
+                dp4a((w2 >> 4) & 0x0F0F0F0F, xb2, dp4a((w3 >> 4) & 0x0F0F0F0F, xb3, s))))
+
+
+@cuda.jit(device=True, inline=True)
+def warps_reduce_store(y, part, acc, n0, rows, w, lane):
+    """part (warps*rows, 32) shared: each warp's lanes sum their own rows (a tree with block barriers, which the
+    simulator runs too; once per block, after the K loop)."""
+    for r in range(rows):
+        part[w * rows + r, lane] = acc[r]
+    cuda.syncthreads()
+    s = 16
+    while s > 0:
+        if lane < s:
+            for r in range(rows):
+                part[w * rows + r, lane] += part[w * rows + r, lane + s]
+        cuda.syncthreads()
+        s //= 2
+    if lane < rows and n0 + lane < y.size:
+        y[n0 + lane] = part[w * rows + lane, 0]
+
+
+@functools.cache
+def make_warp_rows_kernel(fmt, int8x, rows=WROWS, warps=WWARPS):
+    """Rungs 6-7: each warp owns ``rows`` outputs and walks all of K; a lane takes every 32nd chunk, two at a
+    time (chunk c and c + 32: 2 * rows 16-byte loads issued before the first is used)."""
+    q8 = fmt == "q8_0"
+    WPC = 16 if q8 else 32
+    NR = warps * rows  # a literal for shared.array
+
+    if not int8x:
+        @cuda.jit(fastmath=True)
+        def kernel(y, x, qs, d):
+            lane = cuda.threadIdx.x
+            w = cuda.threadIdx.y
+            n0 = (cuda.blockIdx.x * warps + w) * rows
+            N = y.size
+            C = x.size // WPC
+            acc = cuda.local.array(rows, float32)
+            wa = cuda.local.array((rows, 4), int32)
+            wb = cuda.local.array((rows, 4), int32)
+            xv = cuda.local.array(WPC, float32)
+            part = cuda.shared.array((NR, 32), float32)
+            for r in range(rows):
+                acc[r] = float32(0.0)
+            for c in range(lane, C, 64):
+                c2 = min(c + 32, C - 1)  # past the end: chunk C-1 again, never added
+                for r in range(rows):  # all 2 * rows loads first
+                    n = min(n0 + r, N - 1)
+                    wa[r, 0], wa[r, 1], wa[r, 2], wa[r, 3] = load4(qs, n * C + c)
+                    wb[r, 0], wb[r, 1], wb[r, 2], wb[r, 3] = load4(qs, n * C + c2)
+                for i in range(WPC // 4):
+                    xv[4 * i], xv[4 * i + 1], xv[4 * i + 2], xv[4 * i + 3] = load4(x, c * (WPC // 4) + i)
+                b = c // 2 if q8 else c
+                for r in range(rows):
+                    n = min(n0 + r, N - 1)
+                    acc[r] += float32(d[n, b]) * chunk_dot_f32(q8, wa[r, 0], wa[r, 1], wa[r, 2], wa[r, 3], xv)
+                if c + 32 < C:
+                    for i in range(WPC // 4):
+                        xv[4 * i], xv[4 * i + 1], xv[4 * i + 2], xv[4 * i + 3] = load4(x, c2 * (WPC // 4) + i)
+                    b = c2 // 2 if q8 else c2
+                    for r in range(rows):
+                        n = min(n0 + r, N - 1)
+                        acc[r] += float32(d[n, b]) * chunk_dot_f32(q8, wb[r, 0], wb[r, 1], wb[r, 2], wb[r, 3], xv)
+            warps_reduce_store(y, part, acc, n0, rows, w, lane)
+
+        return kernel
+
+    @cuda.jit(fastmath=True)
+    def kernel8(y, xq, xd, xs, qs, d):
+        # xq: x as int8, viewed as int32 (4 per word); xd: its scale per block of 32; xs: the sum of its int8
+        # values per block (Q4_0's -8 offset)
+        lane = cuda.threadIdx.x
+        w = cuda.threadIdx.y
+        n0 = (cuda.blockIdx.x * warps + w) * rows
+        N = y.size
+        C = xd.size * QK // WPC
+        acc = cuda.local.array(rows, float32)
+        wa = cuda.local.array((rows, 4), int32)
+        wb = cuda.local.array((rows, 4), int32)
+        part = cuda.shared.array((NR, 32), float32)
+        for r in range(rows):
+            acc[r] = float32(0.0)
+        for c in range(lane, C, 64):
+            c2 = min(c + 32, C - 1)
+            for r in range(rows):
+                n = min(n0 + r, N - 1)
+                wa[r, 0], wa[r, 1], wa[r, 2], wa[r, 3] = load4(qs, n * C + c)
+                wb[r, 0], wb[r, 1], wb[r, 2], wb[r, 3] = load4(qs, n * C + c2)
+            for h in range(2):
+                cc = c if h == 0 else c2
+                if h == 0 or c + 32 < C:
+                    b = cc // 2 if q8 else cc
+                    if q8:  # the 16 int8 x of this half block
+                        xa0, xa1, xa2, xa3 = load4(xq, cc)
+                        xb0, xb1, xb2, xb3 = xa0, xa1, xa2, xa3
+                        off = int32(0)
+                    else:  # elements 0..15 of the block, then 16..31
+                        xa0, xa1, xa2, xa3 = load4(xq, 2 * cc)
+                        xb0, xb1, xb2, xb3 = load4(xq, 2 * cc + 1)
+                        off = int32(8 * xs[b])
+                    dx = xd[b]
+                    for r in range(rows):
+                        n = min(n0 + r, N - 1)
+                        if h == 0:
+                            s = chunk_dot_i8(q8, wa[r, 0], wa[r, 1], wa[r, 2], wa[r, 3], xa0, xa1, xa2, xa3,
+                                             xb0, xb1, xb2, xb3)
+                        else:
+                            s = chunk_dot_i8(q8, wb[r, 0], wb[r, 1], wb[r, 2], wb[r, 3], xa0, xa1, xa2, xa3,
+                                             xb0, xb1, xb2, xb3)
+                        acc[r] += float32(s - off) * (float32(d[n, b]) * dx)
+        warps_reduce_store(y, part, acc, n0, rows, w, lane)
 
     return kernel8
 
 
+@cuda.jit
+def quantize_x_blocks_kernel(xq, xd, xs, x):
+    """x (K,) fp32 -> int8 per block of 32 (xq), the block's scale (xd) and the sum of its int8 values (xs).
+    One thread per element; the 32 threads of a block meet in shared memory for the block's max |x|."""
+    i = cuda.grid(1)
+    t = cuda.threadIdx.x
+    a = cuda.shared.array(256, float32)
+    q = cuda.shared.array(256, int32)
+    v = x[i] if i < x.size else float32(0.0)
+    a[t] = abs(v)
+    cuda.syncthreads()
+    s = 16
+    while s > 0:  # max over each group of 32 threads (one block of x)
+        if (t & 31) < s:
+            a[t] = max(a[t], a[t + s])
+        cuda.syncthreads()
+        s //= 2
+    dx = a[t & ~31] / float32(127.0)
+    idv = float32(1.0) / dx if dx != 0 else float32(0.0)
+    r = quantize_x8(v, idv)
+    q[t] = r
+    if i < x.size:
+        xq[i] = r
+    cuda.syncthreads()
+    s = 16
+    while s > 0:  # and the sum of its int8 values
+        if (t & 31) < s:
+            q[t] += q[t + s]
+        cuda.syncthreads()
+        s //= 2
+    if (t & 31) == 0 and i < x.size:
+        xd[i // QK] = dx
+        xs[i // QK] = q[t]
+
+
+_xscratch: dict = {}
+
+
+def x_scratch(K):
+    """Device buffers for x in int8 (+ scales and sums per block), allocated once per K (an allocation inside a
+    timed launch would cost more than the kernel)."""
+    hit = _xscratch.get(K)
+    if hit is None:
+        hit = _xscratch[K] = (cuda.device_array(max(K, 4), np.int8), cuda.device_array(max(K // QK, 1), np.float32),
+                              cuda.device_array(max(K // QK, 1), np.int32))
+    return hit
+
+
 SIG = "void(float32[::1], float32[::1], int32[:, ::1], float16[:, ::1])"
-DOCS = {
-    False: """Weights repacked once (quants apart from the fp16 scales, as llama.cpp's loaders do), so that a
-        lane loads 16 bytes of quants in one instruction instead of 2; each block of {warps} warps computes
-        {rows} outputs, x chunk reused from registers for all of them, the {rows} loads issued before the first
-        is used. Same bytes as GGML's layout ({bpw} a weight). Predicted: >= 80 % of copy at 8192^2.""",
-    True: """Rung 5 with integer products: each lane quantizes its own chunk of x to int8 (the scale of its
-        block of 32, llama.cpp's q8 activations: no second launch) and multiplies with dp4a, 4 byte
-        products summed per instruction, one float multiply per block. Rung 5 spends {ops} instructions per
-        16 bytes of quants turning them into floats; this one about {ops8}. Predicted: >= 85 % of copy.""",
-}
+SIG8 = "void(float32[::1], int32[::1], float32[::1], int32[::1], int32[:, ::1], float16[:, ::1])"
+SIGX = "void(int8[::1], float32[::1], int32[::1], float32[::1])"
+
+
+def launch_packed(y, x, qs, d, fmt, rows=ROWS, warps=WARPS):
+    make_packed_kernel(fmt, rows, warps)[max(1, ceil_div(y.size, rows)), (32, warps)](y, x, qs, d)
+
+
+def launch_warp_rows(y, x, qs, d, fmt, int8x, rows=WROWS, warps=WWARPS):
+    grid = max(1, ceil_div(y.size, rows * warps))
+    if not int8x:
+        make_warp_rows_kernel(fmt, False, rows, warps)[grid, (32, warps)](y, x, qs, d)
+        return
+    xq, xd, xs = x_scratch(x.size)
+    quantize_x_blocks_kernel[max(1, ceil_div(x.size, 256)), 256](xq, xd, xs, x)
+    make_warp_rows_kernel(fmt, True, rows, warps)[grid, (32, warps)](y, xq.view(np.int32), xd, xs, qs, d)
 
 
 def _register(fmt):
     op = f"qgemv_{fmt}"
-    bpw = {"q8_0": "1.0625 bytes", "q4_0": "0.5625 bytes"}[fmt]
-    ops = {"q8_0": "~64", "q4_0": "~130"}[fmt]
-    ops8 = {"q8_0": "6", "q4_0": "14"}[fmt]
-    for rung, int8x in ((5, False), (6, True)):
-        kern = make_packed_kernel(fmt, int8x)
+    bpw = {"q8_0": "1.0625", "q4_0": "0.5625"}[fmt]
 
-        def fn(y, x, Wq, kern=kern):
-            qs, d = repack_gpu(Wq, fmt)
-            kern[max(1, ceil_div(y.size, ROWS)), (32, WARPS)](y, x, qs, d)
+    def r5(y, x, Wq):
+        qs, d = repack_gpu(Wq, fmt)
+        launch_packed(y, x, qs, d, fmt)
 
-        fn.__doc__ = DOCS[int8x].format(warps=WARPS, rows=ROWS, bpw=bpw, ops=ops, ops8=ops8)
-        extra = dict(tol=q8act_tol, edge_exempt="activations quantized to 8 bits per block of 32: a huge value "
-                     "in a block rounds the block's other values away, by design") if int8x else {}
-        register(op, "gpu", "packed_dp4a" if int8x else "packed", rung=rung, ptx=[(kern, SIG)], **extra)(fn)
+    r5.__doc__ = f"""Weights repacked once (quants apart from the fp16 scales, as llama.cpp's loaders do), so that a
+        lane loads 16 bytes of quants in one instruction instead of 2; otherwise rung 3's plan: {WARPS} warps
+        split K, {ROWS} outputs per block, x reused from registers, a block-wide tree at the end. Same bytes
+        as GGML's layout ({bpw} a weight). Predicted: >= 80 % of copy at 8192^2 (4x fewer load instructions)."""
+    register(op, "gpu", "packed", rung=5, ptx=[(make_packed_kernel(fmt), SIG)])(r5)
+
+    def r6(y, x, Wq):
+        qs, d = repack_gpu(Wq, fmt)
+        launch_warp_rows(y, x, qs, d, fmt, False)
+
+    r6.__doc__ = f"""Rung 5 measured 42 % of copy, its warps stalled on loads (Nsight: long-scoreboard) with 4 loop
+        trips a thread at 8192^2. Here a warp owns {WROWS} outputs and walks the whole row, two chunks per
+        trip: {2 * WROWS} 16-byte loads in flight per lane before the first is used, 4x the trips, and no
+        block-wide tree. Predicted: >= 80 % of copy for Q8_0; Q4_0 turns ~5 instructions into floats per
+        weight, which at 0.5625 bytes a weight is more than the SM can issue at copy speed."""
+    register(op, "gpu", "packed_warp", rung=6, ptx=[(make_warp_rows_kernel(fmt, False), SIG)])(r6)
+
+    def r7(y, x, Wq):
+        qs, d = repack_gpu(Wq, fmt)
+        launch_warp_rows(y, x, qs, d, fmt, True)
+
+    r7.__doc__ = f"""Rung 6 with integer products, as llama.cpp's GPU path does: a first small kernel quantizes x
+        to int8 per block of 32 (scale and sum per block), then the GEMV multiplies with dp4a, 4 byte
+        products summed per instruction, one float multiply per block and row. About 1.5 (Q8_0) and 2.5
+        (Q4_0) instructions per 4 weights instead of ~20. Predicted: >= 85 % of copy, less the second
+        launch (~2 us)."""
+    register(op, "gpu", "packed_dp4a", rung=7, tol=q8act_tol,
+             edge_exempt="activations quantized to 8 bits per block of 32: a huge value in a block rounds the "
+                         "block's other values away, by design",
+             ptx=[(quantize_x_blocks_kernel, SIGX), (make_warp_rows_kernel(fmt, True), SIG8)])(r7)
 
 
 for _f in FORMATS:
     _register(_f)
 
 
-# Candidate block shapes (rows per block, warps per block) for rungs 5-6, timed by :func:`sweep`.
-SWEEP = [(4, 4), (8, 4), (16, 4), (8, 2), (4, 8), (8, 8), (16, 2), (32, 4)]
+# Candidate shapes (outputs per warp, warps per block) for rungs 6-7, timed by :func:`sweep`.
+SWEEP = [(2, 4), (4, 4), (8, 4), (2, 8), (4, 8), (4, 2), (8, 2), (1, 8)]
 SWEEP_SIZES = [(8192, 8192), (4096, 14336), (14336, 4096), (4096, 4096)]
 
 
 def sweep(out=None, sizes=SWEEP_SIZES, configs=SWEEP, repeat=20):
-    """Time rungs 5-6 for each block shape in SWEEP on the GPU (K, N sizes), with the GB/s on GGML's bytes
-    and the largest difference from the float64 reference (a wrong shape shows up here)."""
+    """Time rungs 6-7 for each shape in SWEEP on the GPU (K, N sizes), with the GB/s on GGML's bytes and the
+    largest difference from the float64 reference (a wrong shape shows up here)."""
     from .. import bench
     from .quant import QUANT, packed_bytes, qgemv_ref
 
@@ -261,16 +418,14 @@ def sweep(out=None, sizes=SWEEP_SIZES, configs=SWEEP, repeat=20):
             for int8x in (False, True):
                 for R, Wp in configs:
                     try:
-                        kern = make_packed_kernel(fmt, int8x, R, Wp)
-                        grid = max(1, ceil_div(N, R))
-
-                        def launch(y, x, qs, d, kern=kern, grid=grid, Wp=Wp):
-                            kern[grid, (32, Wp)](y, x, qs, d)
+                        def launch(y, x, qs, d, R=R, Wp=Wp, int8x=int8x):
+                            launch_warp_rows(y, x, qs, d, fmt, int8x, R, Wp)
 
                         t = bench._median(bench.time_gpu(launch, [(y, xd, qs, d)], repeat=repeat))
                         err = float(np.max(np.abs(y.copy_to_host() - ref)) / (np.max(np.abs(ref)) + 1e-30))
                         regs = None
                         try:
+                            kern = make_warp_rows_kernel(fmt, int8x, R, Wp)
                             regs = int(next(iter(kern.get_regs_per_thread().values())))
                         except Exception:  # noqa: BLE001
                             pass
@@ -281,8 +436,8 @@ def sweep(out=None, sizes=SWEEP_SIZES, configs=SWEEP, repeat=20):
                         rows.append({"K": K, "N": N, "fmt": fmt, "int8x": int8x, "rows": R, "warps": Wp,
                                      "error": f"{type(e).__name__}: {e}"[:300]})
                     print(rows[-1], flush=True)
-    res = {"what": "quantized GEMV rungs 5-6 (make_packed_kernel) block-shape sweep", "rows": rows,
-           "copy": None if device.SIMULATED else bench.measure_copy(), "meta": bench.environment()}
+    res = {"what": "quantized GEMV rungs 6-7 (make_warp_rows_kernel) shape sweep: outputs per warp, warps per block",
+           "rows": rows, "copy": None if device.SIMULATED else bench.measure_copy(), "meta": bench.environment()}
     if out:
         bench.save_json(res, out)
     return res
