@@ -4,9 +4,9 @@ CPU timing: call once to JIT-compile (and once more to warm caches), then repeat
 ``min_time`` has passed, and take the median of the individual call times.
 
 GPU timing: CUDA events around each launch; before each timed launch a buffer of twice the L2 cache
-(at least 256 MiB) is overwritten so no run starts with a warm L2, and so the launch is queued behind it
-(the events time the GPU's work, not the host's launch overhead); inputs rotate between several copies;
-the median over repeats is reported.
+(at least 256 MiB) is overwritten so no run starts with a warm L2, then a spinning kernel holds the GPU
+while the host queues the events and the launch (the events time the GPU's work, not the host's launch
+overhead); inputs rotate between several copies; the median over repeats is reported.
 
 Every row carries GFLOP/s and GB/s (from the op's FLOP and byte counts) and the fraction of a peak
 measured in the same run: device copy bandwidth for memory-bound ops, and for compute-bound ops the
@@ -89,19 +89,49 @@ def flush_l2() -> None:
     _flush_state["kernel"][device.ceil_div(buf.size, 256), 256](buf, np.float32(_flush_state["n"]))
 
 
+_spin_state: dict = {}
+
+
+def spin_gpu(us: float) -> None:
+    """Keep the GPU busy for about ``us`` microseconds (one thread in ``nanosleep``), so that what the host
+    queues next waits behind it instead of starting on an idle GPU."""
+    if device.MODE != "gpu" or us <= 0:
+        return
+    if "kernel" not in _spin_state:
+        cuda = device.cuda
+
+        @cuda.jit
+        def _spin(n):
+            for _ in range(n):
+                cuda.nanosleep(1000)
+
+        _spin_state["kernel"] = _spin
+    _spin_state["kernel"][1, 1](int(min(us, 50_000)))
+
+
 def time_gpu(fn, arg_sets, *, warmup: int = 2, repeat: int = 20, flush: bool = True) -> list[float]:
-    """Seconds per launch of ``fn(*args)`` (CUDA events), rotating through ``arg_sets``."""
+    """Seconds per launch of ``fn(*args)`` (CUDA events), rotating through ``arg_sets``.
+
+    What is timed is the GPU's work, not the host's: a numba launch costs ~50 us of Python (two launches twice
+    that, see chapter 14), longer than many kernels, and a start event recorded on an idle GPU would count it.
+    So the L2 flush and then a spinning kernel, sized from the host time of one call, hold the GPU until the
+    start event, the call and the end event are all queued."""
     cuda = device.cuda
     for i in range(warmup):
         fn(*arg_sets[i % len(arg_sets)])
     device.synchronize()
     if device.SIMULATED:  # no events worth having: wall clock, clearly labelled as simulated by the caller
         return time_cpu(fn, arg_sets[0], warmup=0, min_time=0.0, min_repeat=min(repeat, 3), max_repeat=3)
+    t0 = time.perf_counter()
+    fn(*arg_sets[0])  # the host's time to queue one call (no synchronisation inside the timed span)
+    host_us = (time.perf_counter() - t0) * 1e6
+    device.synchronize()
     times = []
     start, end = cuda.event(), cuda.event()
     for i in range(repeat):
         if flush:
             flush_l2()
+        spin_gpu(1.5 * host_us + 50)
         start.record()
         fn(*arg_sets[i % len(arg_sets)])
         end.record()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import bench as gpu_bench
 from .. import device
 from ..runtime import dispatch as D
 
@@ -100,31 +101,14 @@ def _time(fn, reps, batches=5):
     return float(np.median(ts)) * 1e6
 
 
-_SPIN: dict = {}
-
-
-def _spin_kernel():
-    if "k" not in _SPIN:
-        from ..compiler import cuda
-
-        @cuda.jit
-        def spin(n):  # keeps the GPU busy for about n microseconds
-            for _ in range(n):
-                cuda.nanosleep(1000)
-
-        _SPIN["k"] = spin
-    return _SPIN["k"]
-
-
 def _gpu_time(fn, reps, host_us, batches=5):
     """Device time per call (µs), without the host's launch cost: a spinning kernel holds the GPU while the
     host queues the reps calls between two CUDA events, so the calls then run back to back. Median of batches."""
     cuda = device.cuda
-    spin = _spin_kernel()
     e0, e1 = cuda.event(), cuda.event()
     ts = []
     for _ in range(batches):
-        spin[1, 1](int(min(50000, 1.5 * reps * host_us + 200)))
+        gpu_bench.spin_gpu(1.5 * reps * host_us + 200)
         e0.record()
         for _ in range(reps):
             fn()
