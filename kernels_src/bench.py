@@ -4,7 +4,7 @@ CPU timing: call once to JIT-compile (and once more to warm caches), then repeat
 ``min_time`` has passed, and take the median of the individual call times.
 
 GPU timing: CUDA events around each launch; before each timed launch a buffer of twice the L2 cache
-(at least 256 MiB) is overwritten so no run starts with a warm L2, then a spinning kernel holds the GPU
+(at least 256 MiB) is read so no run starts with a warm L2 (or with dirty lines to write back), then a spinning kernel holds the GPU
 while the host queues the events and the launch (the events time the GPU's work, not the host's launch
 overhead); inputs rotate between several copies; the median over repeats is reported.
 
@@ -65,28 +65,29 @@ FLUSH_MIN_BYTES = 256 << 20  # as Triton's do_bench: writing it takes ~85 us on 
 
 
 def flush_l2() -> None:
-    """Overwrite a buffer of 2x the L2 size (at least 256 MiB) so the next kernel starts with a cold cache.
+    """Read a buffer of 2x the L2 size (at least 256 MiB) so the next kernel starts with a cold cache.
 
-    The write also keeps the GPU busy for longer than it takes the host to launch the timed call, so the
-    start event and the launch are both queued behind it: the events then time the kernel on the GPU, not
-    the host's launch overhead (numba's launch path, torch.compile's guards), which would otherwise show up
-    as an idle gap between the events for every contender alike."""
+    It reads rather than writes: a written buffer would leave the L2 full of dirty lines, and the timed kernel
+    would then pay for writing them back to DRAM as its own reads evict them (~50 MB on an H100, comparable to
+    a whole GEMV's traffic). Read lines are clean; whatever the previous call left dirty is written back here,
+    before the timing starts. (Nsight Compute's cache control flushes the same way: written back, then invalid.)"""
     if device.MODE != "gpu":
         return
     cuda = device.cuda
     if "kernel" not in _flush_state:
         @cuda.jit
-        def _scribble(buf, v):
+        def _sweep(buf, v, out):
             i = cuda.grid(1)
-            if i < buf.size:
-                buf[i] = v
+            if i < buf.size and buf[i] == v:  # never true (buf holds zeros, v >= 1): the read cannot be dropped
+                out[0] = v
 
-        _flush_state["kernel"] = _scribble
-        _flush_state["buf"] = cuda.device_array(max(2 * _l2_bytes(), FLUSH_MIN_BYTES) // 4, dtype=np.float32)
+        _flush_state["kernel"] = _sweep
+        _flush_state["buf"] = cuda.to_device(np.zeros(max(2 * _l2_bytes(), FLUSH_MIN_BYTES) // 4, dtype=np.float32))
+        _flush_state["out"] = cuda.device_array(1, dtype=np.float32)
         _flush_state["n"] = 0
     buf = _flush_state["buf"]
     _flush_state["n"] += 1
-    _flush_state["kernel"][device.ceil_div(buf.size, 256), 256](buf, np.float32(_flush_state["n"]))
+    _flush_state["kernel"][device.ceil_div(buf.size, 256), 256](buf, np.float32(_flush_state["n"]), _flush_state["out"])
 
 
 _spin_state: dict = {}

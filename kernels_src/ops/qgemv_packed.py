@@ -42,8 +42,11 @@ from .quant import FORMATS, MAGIC, QK, _scales, q8act_tol
 OFFSET4 = np.int32(-0x7F7F7F80)  # 0x80808080 as an int32: XOR flips the sign bit of each byte
 ROWS = 8  # rung 5: outputs per thread block
 WARPS = 4  # rung 5: warps per block, which split K
-WROWS = 4  # rungs 6-7: outputs per warp
-WWARPS = 4  # rungs 6-7: warps per block (each with its own rows)
+# rungs 6-7: (outputs per warp, warps per block), the winners of the shape sweep at 8192^2, 4096x14336 and
+# 14336x4096 (book/data/bench/h100/qgemv_sweep_gpu.json): fp32 x wants 4 rows a warp (its chunk of x, turned
+# into floats, is reused 4 times), int8 x one (a warp's loop is short, and 8 warps a block keep more in flight)
+WROWS, WWARPS = 4, 4
+WROWS8, WWARPS8 = 1, 8
 
 _repacked: dict = {}
 
@@ -188,9 +191,11 @@ def warps_reduce_store(y, part, acc, n0, rows, w, lane):
 
 
 @functools.cache
-def make_warp_rows_kernel(fmt, int8x, rows=WROWS, warps=WWARPS):
+def make_warp_rows_kernel(fmt, int8x, rows=None, warps=None):
     """Rungs 6-7: each warp owns ``rows`` outputs and walks all of K; a lane takes every 32nd chunk, two at a
     time (chunk c and c + 32: 2 * rows 16-byte loads issued before the first is used)."""
+    rows = rows or (WROWS8 if int8x else WROWS)
+    warps = warps or (WWARPS8 if int8x else WWARPS)
     q8 = fmt == "q8_0"
     WPC = 16 if q8 else 32
     NR = warps * rows  # a literal for shared.array
@@ -345,7 +350,9 @@ def launch_packed(y, x, qs, d, fmt, rows=ROWS, warps=WARPS):
     make_packed_kernel(fmt, rows, warps)[max(1, ceil_div(y.size, rows)), (32, warps)](y, x, qs, d)
 
 
-def launch_warp_rows(y, x, qs, d, fmt, int8x, rows=WROWS, warps=WWARPS):
+def launch_warp_rows(y, x, qs, d, fmt, int8x, rows=None, warps=None):
+    rows = rows or (WROWS8 if int8x else WROWS)
+    warps = warps or (WWARPS8 if int8x else WWARPS)
     grid = max(1, ceil_div(y.size, rows * warps))
     if not int8x:
         make_warp_rows_kernel(fmt, False, rows, warps)[grid, (32, warps)](y, x, qs, d)
