@@ -45,8 +45,8 @@ WARPS = 4  # rung 5: warps per block, which split K
 # rungs 6-7: (outputs per warp, warps per block), the winners of the shape sweep at 8192^2, 4096x14336 and
 # 14336x4096 (book/data/bench/h100/qgemv_sweep_gpu.json): fp32 x wants 4 rows a warp (its chunk of x, turned
 # into floats, is reused 4 times), int8 x one (a warp's loop is short, and 8 warps a block keep more in flight)
-WROWS, WWARPS = 4, 4
-WROWS8, WWARPS8 = 1, 8
+WROWS, WWARPS, WUNROLL = 4, 4, 2
+WROWS8, WWARPS8, WUNROLL8 = 1, 8, 2
 
 _repacked: dict = {}
 
@@ -191,14 +191,16 @@ def warps_reduce_store(y, part, acc, n0, rows, w, lane):
 
 
 @functools.cache
-def make_warp_rows_kernel(fmt, int8x, rows=None, warps=None):
-    """Rungs 6-7: each warp owns ``rows`` outputs and walks all of K; a lane takes every 32nd chunk, two at a
-    time (chunk c and c + 32: 2 * rows 16-byte loads issued before the first is used)."""
+def make_warp_rows_kernel(fmt, int8x, rows=None, warps=None, unroll=None):
+    """Rungs 6-7: each warp owns ``rows`` outputs and walks all of K; a lane takes every 32nd chunk, ``unroll``
+    at a time (chunks c, c + 32, ...: unroll * rows 16-byte loads issued before the first is used)."""
     rows = rows or (WROWS8 if int8x else WROWS)
     warps = warps or (WWARPS8 if int8x else WWARPS)
+    U = unroll or (WUNROLL8 if int8x else WUNROLL)
     q8 = fmt == "q8_0"
     WPC = 16 if q8 else 32
     NR = warps * rows  # a literal for shared.array
+    NX = 4 if q8 else 8  # int8 x words per chunk
 
     if not int8x:
         @cuda.jit(fastmath=True)
@@ -209,33 +211,27 @@ def make_warp_rows_kernel(fmt, int8x, rows=None, warps=None):
             N = y.size
             C = x.size // WPC
             acc = cuda.local.array(rows, float32)
-            wa = cuda.local.array((rows, 4), int32)
-            wb = cuda.local.array((rows, 4), int32)
-            da = cuda.local.array(rows, float32)
-            db = cuda.local.array(rows, float32)
+            wq = cuda.local.array((U, rows, 4), int32)
+            dq = cuda.local.array((U, rows), float32)
             xv = cuda.local.array(WPC, float32)
             part = cuda.shared.array((NR, 32), float32)
             for r in range(rows):
                 acc[r] = float32(0.0)
-            for c in range(lane, C, 64):
-                c2 = min(c + 32, C - 1)  # past the end: chunk C-1 again, weighted 0
-                keep2 = float32(1.0) if c + 32 < C else float32(0.0)
-                b1 = c // 2 if q8 else c
-                b2 = c2 // 2 if q8 else c2
-                for r in range(rows):  # every DRAM load of the trip first, none behind a branch
-                    n = min(n0 + r, N - 1)
-                    wa[r, 0], wa[r, 1], wa[r, 2], wa[r, 3] = load4(qs, n * C + c)
-                    wb[r, 0], wb[r, 1], wb[r, 2], wb[r, 3] = load4(qs, n * C + c2)
-                    da[r] = float32(d[n, b1])
-                    db[r] = keep2 * float32(d[n, b2])
-                for i in range(WPC // 4):
-                    xv[4 * i], xv[4 * i + 1], xv[4 * i + 2], xv[4 * i + 3] = load4(x, c * (WPC // 4) + i)
-                for r in range(rows):
-                    acc[r] += da[r] * chunk_dot_f32(q8, wa[r, 0], wa[r, 1], wa[r, 2], wa[r, 3], xv)
-                for i in range(WPC // 4):
-                    xv[4 * i], xv[4 * i + 1], xv[4 * i + 2], xv[4 * i + 3] = load4(x, c2 * (WPC // 4) + i)
-                for r in range(rows):
-                    acc[r] += db[r] * chunk_dot_f32(q8, wb[r, 0], wb[r, 1], wb[r, 2], wb[r, 3], xv)
+            for c in range(lane, C, 32 * U):
+                for u in range(U):  # every DRAM load of the trip first, none behind a branch
+                    cu = min(c + 32 * u, C - 1)  # past the end: chunk C-1 again, weighted 0
+                    keep = float32(1.0) if c + 32 * u < C else float32(0.0)
+                    bu = cu // 2 if q8 else cu
+                    for r in range(rows):
+                        n = min(n0 + r, N - 1)
+                        wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3] = load4(qs, n * C + cu)
+                        dq[u, r] = keep * float32(d[n, bu])
+                for u in range(U):
+                    cu = min(c + 32 * u, C - 1)
+                    for i in range(WPC // 4):
+                        xv[4 * i], xv[4 * i + 1], xv[4 * i + 2], xv[4 * i + 3] = load4(x, cu * (WPC // 4) + i)
+                    for r in range(rows):
+                        acc[r] += dq[u, r] * chunk_dot_f32(q8, wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3], xv)
             warps_reduce_store(y, part, acc, n0, rows, w, lane)
 
         return kernel
@@ -250,44 +246,36 @@ def make_warp_rows_kernel(fmt, int8x, rows=None, warps=None):
         N = y.size
         C = xd.size * QK // WPC
         acc = cuda.local.array(rows, float32)
-        wa = cuda.local.array((rows, 4), int32)
-        wb = cuda.local.array((rows, 4), int32)
-        da = cuda.local.array(rows, float32)
-        db = cuda.local.array(rows, float32)
+        wq = cuda.local.array((U, rows, 4), int32)
+        dq = cuda.local.array((U, rows), float32)
+        xi = cuda.local.array(NX, int32)
         part = cuda.shared.array((NR, 32), float32)
         for r in range(rows):
             acc[r] = float32(0.0)
-        for c in range(lane, C, 64):
-            c2 = min(c + 32, C - 1)  # past the end: chunk C-1 again, weighted 0
-            keep2 = float32(1.0) if c + 32 < C else float32(0.0)
-            b1 = c // 2 if q8 else c
-            b2 = c2 // 2 if q8 else c2
-            for r in range(rows):  # every DRAM load of the trip first, none behind a branch
-                n = min(n0 + r, N - 1)
-                wa[r, 0], wa[r, 1], wa[r, 2], wa[r, 3] = load4(qs, n * C + c)
-                wb[r, 0], wb[r, 1], wb[r, 2], wb[r, 3] = load4(qs, n * C + c2)
-                da[r] = float32(d[n, b1])
-                db[r] = float32(d[n, b2])
-            if q8:  # the 16 int8 x of each half block
-                xa0, xa1, xa2, xa3 = load4(xq, c)
-                xe0, xe1, xe2, xe3 = load4(xq, c2)
-                xb0, xb1, xb2, xb3 = xa0, xa1, xa2, xa3
-                xf0, xf1, xf2, xf3 = xe0, xe1, xe2, xe3
-                off1 = int32(0)
-                off2 = int32(0)
-            else:  # elements 0..15 of each block, then 16..31
-                xa0, xa1, xa2, xa3 = load4(xq, 2 * c)
-                xb0, xb1, xb2, xb3 = load4(xq, 2 * c + 1)
-                xe0, xe1, xe2, xe3 = load4(xq, 2 * c2)
-                xf0, xf1, xf2, xf3 = load4(xq, 2 * c2 + 1)
-                off1 = int32(8 * xs[b1])
-                off2 = int32(8 * xs[b2])
-            dx1 = xd[b1]
-            dx2 = keep2 * xd[b2]
-            for r in range(rows):
-                s1 = chunk_dot_i8(q8, wa[r, 0], wa[r, 1], wa[r, 2], wa[r, 3], xa0, xa1, xa2, xa3, xb0, xb1, xb2, xb3)
-                s2 = chunk_dot_i8(q8, wb[r, 0], wb[r, 1], wb[r, 2], wb[r, 3], xe0, xe1, xe2, xe3, xf0, xf1, xf2, xf3)
-                acc[r] += float32(s1 - off1) * (da[r] * dx1) + float32(s2 - off2) * (db[r] * dx2)
+        for c in range(lane, C, 32 * U):
+            for u in range(U):  # every DRAM load of the trip first, none behind a branch
+                cu = min(c + 32 * u, C - 1)  # past the end: chunk C-1 again, weighted 0
+                bu = cu // 2 if q8 else cu
+                keep = float32(1.0) if c + 32 * u < C else float32(0.0)
+                for r in range(rows):
+                    n = min(n0 + r, N - 1)
+                    wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3] = load4(qs, n * C + cu)
+                    dq[u, r] = keep * float32(d[n, bu])
+            for u in range(U):
+                cu = min(c + 32 * u, C - 1)
+                bu = cu // 2 if q8 else cu
+                for i in range(NX // 4):  # the chunk's int8 x (from L1/L2: x is small and shared)
+                    xi[4 * i], xi[4 * i + 1], xi[4 * i + 2], xi[4 * i + 3] = load4(xq, cu * (NX // 4) + i)
+                off = int32(0) if q8 else int32(8 * xs[bu])
+                dx = xd[bu]
+                for r in range(rows):
+                    if q8:
+                        s = chunk_dot_i8(q8, wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3], xi[0], xi[1], xi[2],
+                                         xi[3], xi[0], xi[1], xi[2], xi[3])
+                    else:
+                        s = chunk_dot_i8(q8, wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3], xi[0], xi[1], xi[2],
+                                         xi[3], xi[4 % NX], xi[5 % NX], xi[6 % NX], xi[7 % NX])
+                    acc[r] += float32(s - off) * (dq[u, r] * dx)
         warps_reduce_store(y, part, acc, n0, rows, w, lane)
 
     return kernel8
@@ -350,16 +338,16 @@ def launch_packed(y, x, qs, d, fmt, rows=ROWS, warps=WARPS):
     make_packed_kernel(fmt, rows, warps)[max(1, ceil_div(y.size, rows)), (32, warps)](y, x, qs, d)
 
 
-def launch_warp_rows(y, x, qs, d, fmt, int8x, rows=None, warps=None):
+def launch_warp_rows(y, x, qs, d, fmt, int8x, rows=None, warps=None, unroll=None):
     rows = rows or (WROWS8 if int8x else WROWS)
     warps = warps or (WWARPS8 if int8x else WWARPS)
     grid = max(1, ceil_div(y.size, rows * warps))
     if not int8x:
-        make_warp_rows_kernel(fmt, False, rows, warps)[grid, (32, warps)](y, x, qs, d)
+        make_warp_rows_kernel(fmt, False, rows, warps, unroll)[grid, (32, warps)](y, x, qs, d)
         return
     xq, xd, xs = x_scratch(x.size)
     quantize_x_blocks_kernel[max(1, ceil_div(x.size, 256)), 256](xq, xd, xs, x)
-    make_warp_rows_kernel(fmt, True, rows, warps)[grid, (32, warps)](y, xq.view(np.int32), xd, xs, qs, d)
+    make_warp_rows_kernel(fmt, True, rows, warps, unroll)[grid, (32, warps)](y, xq.view(np.int32), xd, xs, qs, d)
 
 
 def _register(fmt):
@@ -406,8 +394,8 @@ for _f in FORMATS:
     _register(_f)
 
 
-# Candidate shapes (outputs per warp, warps per block) for rungs 6-7, timed by :func:`sweep`.
-SWEEP = [(2, 4), (4, 4), (8, 4), (2, 8), (4, 8), (1, 8)]
+# Candidate shapes (outputs per warp, warps per block, chunks per trip) for rungs 6-7, timed by :func:`sweep`.
+SWEEP = [(4, 4, 2), (2, 4, 2), (2, 8, 4), (4, 4, 4), (1, 8, 2), (1, 8, 4), (1, 8, 8), (2, 8, 2), (1, 4, 4)]
 SWEEP_SIZES = [(8192, 8192), (4096, 14336), (14336, 4096), (4096, 4096)]
 
 
@@ -430,27 +418,28 @@ def sweep(out=None, sizes=SWEEP_SIZES, configs=SWEEP, repeat=20):
             y = cuda.device_array(N, np.float32)
             nbytes = packed_bytes(fmt)((K, N), 4)
             for int8x in (False, True):
-                for R, Wp in configs:
+                for R, Wp, U in configs:
                     try:
-                        def launch(y, x, qs, d, R=R, Wp=Wp, int8x=int8x):
-                            launch_warp_rows(y, x, qs, d, fmt, int8x, R, Wp)
+                        def launch(y, x, qs, d, R=R, Wp=Wp, U=U, int8x=int8x):
+                            launch_warp_rows(y, x, qs, d, fmt, int8x, R, Wp, U)
 
                         t = bench._median(bench.time_gpu(launch, [(y, xd, qs, d)], repeat=repeat))
                         err = float(np.max(np.abs(y.copy_to_host() - ref)) / (np.max(np.abs(ref)) + 1e-30))
                         regs = None
                         try:
-                            kern = make_warp_rows_kernel(fmt, int8x, R, Wp)
+                            kern = make_warp_rows_kernel(fmt, int8x, R, Wp, U)
                             regs = int(next(iter(kern.get_regs_per_thread().values())))
                         except Exception:  # noqa: BLE001
                             pass
-                        rows.append({"K": K, "N": N, "fmt": fmt, "int8x": int8x, "rows": R, "warps": Wp,
+                        rows.append({"K": K, "N": N, "fmt": fmt, "int8x": int8x, "rows": R, "warps": Wp, "unroll": U,
                                      "median_s": t, "gbps": nbytes / t / 1e9, "registers": regs,
                                      "max_rel_err": err})
                     except Exception as e:  # noqa: BLE001  (a shape that fails is a result too)
-                        rows.append({"K": K, "N": N, "fmt": fmt, "int8x": int8x, "rows": R, "warps": Wp,
+                        rows.append({"K": K, "N": N, "fmt": fmt, "int8x": int8x, "rows": R, "warps": Wp, "unroll": U,
                                      "error": f"{type(e).__name__}: {e}"[:300]})
                     print(rows[-1], flush=True)
-    res = {"what": "quantized GEMV rungs 6-7 (make_warp_rows_kernel) shape sweep: outputs per warp, warps per block",
+    res = {"what": "quantized GEMV rungs 6-7 (make_warp_rows_kernel) shape sweep: outputs per warp, warps per block, "
+                   "chunks per trip",
            "rows": rows, "copy": None if device.SIMULATED else bench.measure_copy(), "meta": bench.environment()}
     if out:
         bench.save_json(res, out)
