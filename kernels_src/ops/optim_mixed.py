@@ -36,7 +36,12 @@ Ladder
   adamw_mixed  cpu/loop   rung 1  @njit loop; the bits of p32' read back through a uint32 view of the output
   adamw_mixed  gpu/fused  rung 1  one thread per parameter: 28 B/param, predict ~90 % of copy
   adamw_bf16   cpu/loop   rung 1  @njit loop, one Philox call per 4 parameters
-  adamw_bf16   gpu/fused4 rung 1  one thread per 4 parameters (one Philox call gives 4 words): 22 B/param
+  adamw_bf16   gpu/fused4 rung 1  one thread per 4 parameters (one Philox call gives 4 words): 22 B/param;
+                                  measured 46-49 % of copy on the H100 (sr = 0 as slow as sr = 1): strided
+                                  2- and 4-byte accesses, each parameter's loads issued after the previous one's
+                                  stores (the compiler cannot prove the arrays do not alias)
+  adamw_bf16   gpu/vec    rung 2  the same threads and roundings, each array moved by one coalesced 8-byte
+                                  (bf16 as uint64) or 16-byte (m, v: load4/store4) access per thread
 
 Loss scaling (``LossScaler``, host logic, NumPy): multiply the loss by S before the backward pass so small
 fp16 gradients do not underflow, divide the gradients by S before the step, skip the step and halve S when
@@ -53,7 +58,7 @@ import math
 import numpy as np
 
 from .. import device
-from ..compiler import cuda, float32_from_bits, njit
+from ..compiler import cuda, float32_from_bits, load4, njit, store4
 from ..device import ceil_div
 from ..registry import define_op, exercise_op, register
 from ..registry import sprinkle as _sprinkle
@@ -66,6 +71,8 @@ NAN16 = 0x7FC0  # the bf16 quiet NaN every variant writes for a NaN
 # NumPy scalar constants: Numba freezes them as typed uint32 constants, and the simulator computes in NumPy
 # scalars without overflow (no finite float32's bits plus 0xFFFF reach 2^32).
 U16, U0x7FFF, U1, UFFFF = np.uint32(16), np.uint32(0x7FFF), np.uint32(1), np.uint32(0xFFFF)
+UHI16 = np.uint32(0xFFFF0000)
+U64_32, U64_LO = np.uint64(32), np.uint64(0xFFFFFFFF)
 H_NAN = np.uint16(NAN16)
 
 
@@ -450,6 +457,87 @@ def adamw_bf16_fused4(w_new, m_new, v_new, w16, g16, m, v, step, lr, beta1, beta
     adamw_bf16_kernel[ceil_div(n, 4 * THREADS), THREADS](w_new, m_new, v_new, w16, g16, m, v, decay, *rest, k0, k1,
                                                           o0, o1, bool(sr))
 
+
+
+@cuda.jit
+def adamw_bf16_vec_kernel(w_new4, m_new, v_new, w_new, w4, g4, w16, g16, m, v, decay, b1, omb1, b2, omb2, ss, isb,
+                          eps, k0, k1, o0, o1, sr):
+    # thread grp: parameters 4 grp .. 4 grp + 3 as in adamw_bf16_kernel (the same Philox call, counter grp), but
+    # each array moved by ONE wide access per thread, consecutive threads on consecutive groups: w4, g4 (N//4,)
+    # uint64 views of the bf16 bits (8 bytes = 4 weights), m, v by load4/store4 (16 bytes); the thread past the
+    # last whole group takes the n % 4 tail element by element from the uint16 arrays.
+    grp = cuda.grid(1)
+    n = w16.size
+    nb = w4.size  # whole groups
+    if grp < nb:
+        wq = w4[grp]  # every load is issued before any arithmetic or store
+        gq = g4[grp]
+        m0, m1, m2, m3 = load4(m, grp)
+        v0, v1, v2, v3 = load4(v, grp)
+        wlo, whi = np.uint32(wq & U64_LO), np.uint32(wq >> U64_32)
+        glo, ghi = np.uint32(gq & U64_LO), np.uint32(gq >> U64_32)
+        # bf16 j of a 32-bit word: its low half (shift up) or its high half (mask): the float32 with bits h << 16
+        p0, m0, v0 = _adamw_elem_dev(_bits_f32((wlo & UFFFF) << U16), _bits_f32((glo & UFFFF) << U16), m0, v0,
+                                     decay, b1, omb1, b2, omb2, ss, isb, eps)
+        p1, m1, v1 = _adamw_elem_dev(_bits_f32(wlo & UHI16), _bits_f32(glo & UHI16), m1, v1, decay, b1, omb1, b2,
+                                     omb2, ss, isb, eps)
+        p2, m2, v2 = _adamw_elem_dev(_bits_f32((whi & UFFFF) << U16), _bits_f32((ghi & UFFFF) << U16), m2, v2,
+                                     decay, b1, omb1, b2, omb2, ss, isb, eps)
+        p3, m3, v3 = _adamw_elem_dev(_bits_f32(whi & UHI16), _bits_f32(ghi & UHI16), m3, v3, decay, b1, omb1, b2,
+                                     omb2, ss, isb, eps)
+        store4(m_new, grp, m0, m1, m2, m3)
+        store4(v_new, grp, v0, v1, v2, v3)
+        if sr:
+            r0, r1, r2, r3 = philox.philox10_dev(np.uint32(grp), np.uint32(0), o0, o1, k0, k1)
+            h0, h1, h2, h3 = sr_bf16(p0, r0), sr_bf16(p1, r1), sr_bf16(p2, r2), sr_bf16(p3, r3)
+        else:
+            h0, h1, h2, h3 = rne_bf16(p0), rne_bf16(p1), rne_bf16(p2), rne_bf16(p3)
+        lo = np.uint32(h0) | (np.uint32(h1) << U16)
+        hi = np.uint32(h2) | (np.uint32(h3) << U16)
+        w_new4[grp] = np.uint64(lo) | (np.uint64(hi) << U64_32)
+    elif 4 * grp < n:  # the tail: n % 4 parameters, words 0 .. n % 4 - 1 of Philox call grp
+        r0 = r1 = r2 = np.uint32(0)
+        if sr:
+            r0, r1, r2, _ = philox.philox10_dev(np.uint32(grp), np.uint32(0), o0, o1, k0, k1)
+        for j in range(n - 4 * grp):
+            i = 4 * grp + j
+            pi, mi, vi = _adamw_elem_dev(bf16_to_f32(w16[i]), bf16_to_f32(g16[i]), m[i], v[i], decay, b1, omb1,
+                                         b2, omb2, ss, isb, eps)
+            m_new[i] = mi
+            v_new[i] = vi
+            if sr:
+                w_new[i] = sr_bf16(pi, r0 if j == 0 else (r1 if j == 1 else r2))
+            else:
+                w_new[i] = rne_bf16(pi)
+
+
+Q1 = "uint64[::1]"
+SIG_BF16_VEC = (f"void({Q1}, {F1}, {F1}, {H1}, {Q1}, {Q1}, {H1}, {H1}, {F1}, {F1}, {', '.join(['float32'] * 8)}, "
+                "uint32, uint32, uint32, uint32, boolean)")
+
+
+@register("adamw_bf16", "gpu", "vec", rung=2, ptx=[(adamw_bf16_vec_kernel, SIG_BF16_VEC)])
+def adamw_bf16_vec(w_new, m_new, v_new, w16, g16, m, v, step, lr, beta1, beta2, eps, wd, seed, sr):
+    """fused4's work (4 parameters a thread, one Philox call for their 4 words, the same roundings bit for
+    bit), with the memory access fixed: thread i moves parameters 4i .. 4i+3 with one 8-byte load of the bf16
+    weights and one of the gradients (uint64 views of the uint16 arrays), one 16-byte load4 each of m and v,
+    and the same widths for the stores: 6 wide accesses per 4 parameters instead of 22 narrow ones, every warp
+    instruction reading or writing 256 or 512 contiguous bytes, and all loads issued before any store.
+    fused4 strided its threads 8 or 16 bytes apart and, because its loads could alias its stores, issued
+    parameter j + 1's loads only after parameter j's stores: a quarter of the bytes in flight of a one-
+    parameter-a-thread kernel. Predict >= 90 % of copy bandwidth (22 B/param) with sr = 0 and sr = 1, like
+    adamw_mixed (98 %): the Philox rounds (~20 integer instructions a parameter) hide under the memory time."""
+    n = w16.shape[0]
+    if n == 0:
+        return
+    decay, _, *rest = _adam_coeffs(step, lr, beta1, beta2, eps, wd)
+    k0, k1 = philox.split64(seed)
+    o0, o1 = philox.split64(step)
+    n4 = n - n % 4
+    # uint64 views of the whole groups (8 bytes = 4 bf16 each); zero-length when n < 4 (only the tail runs)
+    w_new4, w4, g4 = (a[:n4].view(np.uint64) for a in (w_new, w16, g16))
+    adamw_bf16_vec_kernel[ceil_div(ceil_div(n, 4), THREADS), THREADS](w_new4, m_new, v_new, w_new, w4, g4, w16, g16,
+                                                                       m, v, decay, *rest, k0, k1, o0, o1, bool(sr))
 
 # ================================================================================ loss scaling
 FP16_TINY = 2.0**-24  # the smallest positive float16 (subnormal); anything below half of it rounds to 0
