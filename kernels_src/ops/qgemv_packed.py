@@ -42,11 +42,9 @@ from .quant import FORMATS, MAGIC, QK, _scales, q8act_tol
 OFFSET4 = np.int32(-0x7F7F7F80)  # 0x80808080 as an int32: XOR flips the sign bit of each byte
 ROWS = 8  # rung 5: outputs per thread block
 WARPS = 4  # rung 5: warps per block, which split K
-# rungs 6-7: (outputs per warp, warps per block), the winners of the shape sweep at 8192^2, 4096x14336 and
-# 14336x4096 (book/data/bench/h100/qgemv_sweep_gpu.json): fp32 x wants 4 rows a warp (its chunk of x, turned
-# into floats, is reused 4 times), int8 x one (a warp's loop is short, and 8 warps a block keep more in flight)
-WROWS, WWARPS, WUNROLL = 4, 4, 2
-WROWS8, WWARPS8, WUNROLL8 = 1, 8, 2
+# rungs 6-7: (outputs per warp, warps per block, chunks per loop trip) for each (format, int8 x), the winners of
+# the shape sweep at 8192^2, 4096x14336 and 14336x4096 (book/data/bench/h100/qgemv_sweep_gpu.json)
+SHAPES = {("q8_0", False): (2, 4, 2), ("q4_0", False): (4, 4, 2), ("q8_0", True): (1, 8, 4), ("q4_0", True): (2, 8, 4)}
 
 _repacked: dict = {}
 
@@ -194,9 +192,8 @@ def warps_reduce_store(y, part, acc, n0, rows, w, lane):
 def make_warp_rows_kernel(fmt, int8x, rows=None, warps=None, unroll=None):
     """Rungs 6-7: each warp owns ``rows`` outputs and walks all of K; a lane takes every 32nd chunk, ``unroll``
     at a time (chunks c, c + 32, ...: unroll * rows 16-byte loads issued before the first is used)."""
-    rows = rows or (WROWS8 if int8x else WROWS)
-    warps = warps or (WWARPS8 if int8x else WWARPS)
-    U = unroll or (WUNROLL8 if int8x else WUNROLL)
+    R0, W0, U0 = SHAPES[fmt, int8x]
+    rows, warps, U = rows or R0, warps or W0, unroll or U0
     q8 = fmt == "q8_0"
     WPC = 16 if q8 else 32
     NR = warps * rows  # a literal for shared.array
@@ -339,8 +336,8 @@ def launch_packed(y, x, qs, d, fmt, rows=ROWS, warps=WARPS):
 
 
 def launch_warp_rows(y, x, qs, d, fmt, int8x, rows=None, warps=None, unroll=None):
-    rows = rows or (WROWS8 if int8x else WROWS)
-    warps = warps or (WWARPS8 if int8x else WWARPS)
+    R0, W0, U0 = SHAPES[fmt, int8x]
+    rows, warps, unroll = rows or R0, warps or W0, unroll or U0
     grid = max(1, ceil_div(y.size, rows * warps))
     if not int8x:
         make_warp_rows_kernel(fmt, False, rows, warps, unroll)[grid, (32, warps)](y, x, qs, d)
@@ -368,10 +365,11 @@ def _register(fmt):
         qs, d = repack_gpu(Wq, fmt)
         launch_warp_rows(y, x, qs, d, fmt, False)
 
+    R, Wp, U = SHAPES[fmt, False]
     r6.__doc__ = f"""Rung 5 measured 42 % of copy, its warps stalled on loads (Nsight: long-scoreboard) with 4 loop
-        trips a thread at 8192^2. Here a warp owns {WROWS} outputs and walks the whole row, two chunks per
-        trip: {2 * WROWS} 16-byte loads in flight per lane before the first is used, 4x the trips, and no
-        block-wide tree. Predicted: >= 80 % of copy for Q8_0; Q4_0 turns ~5 instructions into floats per
+        trips a thread at 8192^2. Here a warp owns {R} outputs and walks the whole row, {U} chunks per trip:
+        {U * R} 16-byte loads in flight per lane before the first is used, more trips, and no block-wide
+        tree ({Wp} warps a block; the shape is the sweep's winner). Predicted: >= 80 % of copy for Q8_0; Q4_0 turns ~5 instructions into floats per
         weight, which at 0.5625 bytes a weight is more than the SM can issue at copy speed."""
     register(op, "gpu", "packed_warp", rung=6, ptx=[(make_warp_rows_kernel(fmt, False), SIG)])(r6)
 
