@@ -37,7 +37,7 @@ from ..compiler import cuda, dp4a, float32, float64, int32, int_as_float, load4
 from .. import device
 from ..device import ceil_div
 from ..registry import register
-from .quant import FORMATS, MAGIC, QK, _scales, q8act_tol
+from .quant import FORMATS, MAGIC, QK, _scales, block_reduce_store, q8act_tol
 
 OFFSET4 = np.int32(-0x7F7F7F80)  # 0x80808080 as an int32: XOR flips the sign bit of each byte
 ROWS = 8  # rung 5: outputs per thread block
@@ -87,23 +87,6 @@ def quantize_x8(v, idv):
 def pack4(a, b, c, d):
     """Four int8 values (as int32) into one word, a in the lowest byte."""
     return int32((a & 0xFF) | ((b & 0xFF) << 8) | ((c & 0xFF) << 16) | ((d & 0xFF) << 24))
-
-
-@cuda.jit(device=True, inline=True)
-def block_reduce_store(y, part, acc, n0, rows, t, threads):
-    """part (rows, threads) shared: each thread's partial sums, then a tree over the threads of a row."""
-    for r in range(rows):
-        part[r, t] = acc[r]
-    cuda.syncthreads()
-    s = threads // 2
-    while s > 0:
-        if t < s:
-            for r in range(rows):
-                part[r, t] += part[r, t + s]
-        cuda.syncthreads()
-        s //= 2
-    if t < rows and n0 + t < y.size:
-        y[n0 + t] = part[t, 0]
 
 
 @functools.cache
@@ -188,6 +171,21 @@ def warps_reduce_store(y, part, acc, n0, rows, w, lane):
         y[n0 + lane] = part[w * rows + lane, 0]
 
 
+@cuda.jit(device=True, inline=True)
+def load_trip(qs, d, wq, dq, c, n0, N, C, rows, U, q8):
+    """Every DRAM load of one loop trip, none behind a branch: for chunks c, c + 32, ..., c + 32 (U-1) of the
+    warp's rows, 16 bytes of quants into wq[u, r, :] and the block's scale into dq[u, r] (0 for a chunk past
+    the end, which re-reads chunk C-1; a row past the end re-reads row N-1 and is never stored)."""
+    for u in range(U):
+        cu = min(c + 32 * u, C - 1)
+        keep = float32(1.0) if c + 32 * u < C else float32(0.0)
+        bu = cu // 2 if q8 else cu
+        for r in range(rows):
+            n = min(n0 + r, N - 1)
+            wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3] = load4(qs, n * C + cu)
+            dq[u, r] = keep * float32(d[n, bu])
+
+
 @functools.cache
 def make_warp_rows_kernel(fmt, int8x, rows=None, warps=None, unroll=None):
     """Rungs 6-7: each warp owns ``rows`` outputs and walks all of K; a lane takes every 32nd chunk, ``unroll``
@@ -215,14 +213,7 @@ def make_warp_rows_kernel(fmt, int8x, rows=None, warps=None, unroll=None):
             for r in range(rows):
                 acc[r] = float32(0.0)
             for c in range(lane, C, 32 * U):
-                for u in range(U):  # every DRAM load of the trip first, none behind a branch
-                    cu = min(c + 32 * u, C - 1)  # past the end: chunk C-1 again, weighted 0
-                    keep = float32(1.0) if c + 32 * u < C else float32(0.0)
-                    bu = cu // 2 if q8 else cu
-                    for r in range(rows):
-                        n = min(n0 + r, N - 1)
-                        wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3] = load4(qs, n * C + cu)
-                        dq[u, r] = keep * float32(d[n, bu])
+                load_trip(qs, d, wq, dq, c, n0, N, C, rows, U, q8)
                 for u in range(U):
                     cu = min(c + 32 * u, C - 1)
                     for i in range(WPC // 4):
@@ -250,14 +241,7 @@ def make_warp_rows_kernel(fmt, int8x, rows=None, warps=None, unroll=None):
         for r in range(rows):
             acc[r] = float32(0.0)
         for c in range(lane, C, 32 * U):
-            for u in range(U):  # every DRAM load of the trip first, none behind a branch
-                cu = min(c + 32 * u, C - 1)  # past the end: chunk C-1 again, weighted 0
-                bu = cu // 2 if q8 else cu
-                keep = float32(1.0) if c + 32 * u < C else float32(0.0)
-                for r in range(rows):
-                    n = min(n0 + r, N - 1)
-                    wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3] = load4(qs, n * C + cu)
-                    dq[u, r] = keep * float32(d[n, bu])
+            load_trip(qs, d, wq, dq, c, n0, N, C, rows, U, q8)
             for u in range(U):
                 cu = min(c + 32 * u, C - 1)
                 bu = cu // 2 if q8 else cu

@@ -1030,20 +1030,20 @@ def _sbyte(v):
 
 
 @cuda.jit(device=True, inline=True)
-def _block_reduce_store(y, part, acc, n0, lane, w):
-    # part (ROWS, WARPS*32): each thread's ROWS partial sums, then a tree over the 128 threads per row
-    t = w * 32 + lane
-    for r in range(ROWS):
+def block_reduce_store(y, part, acc, n0, rows, t, threads):
+    """part (rows, threads) shared: each thread's partial sums of its ``rows`` outputs, then a tree over the
+    threads of a row; thread r < rows stores output n0 + r."""
+    for r in range(rows):
         part[r, t] = acc[r]
     cuda.syncthreads()
-    s = WARPS * 16
+    s = threads // 2
     while s > 0:
         if t < s:
-            for r in range(ROWS):
+            for r in range(rows):
                 part[r, t] += part[r, t + s]
         cuda.syncthreads()
         s //= 2
-    if t < ROWS and n0 + t < y.size:
+    if t < rows and n0 + t < y.size:
         y[n0 + t] = part[t, 0]
 
 
@@ -1075,7 +1075,7 @@ def q8_0_rows_kernel(y, x, wq, dh):
                 s += (int_as_float(MAGIC | (v & 0xFF)) - float32(8388736.0)) * xv[2 * h]  # 2^23 + 128
                 s += (int_as_float(MAGIC | (v >> 8)) - float32(8388736.0)) * xv[2 * h + 1]
             acc[r] += float32(dh[n, b * 17]) * s
-    _block_reduce_store(y, part, acc, n0, lane, w)
+    block_reduce_store(y, part, acc, n0, ROWS, w * 32 + lane, RED)
 
 
 @cuda.jit(fastmath=True)
@@ -1106,7 +1106,7 @@ def q4_0_rows_kernel(y, x, wq, dh):
                 s += (int_as_float(MAGIC | ((v >> (8 * c)) & 15)) - float32(8388616.0)) * xv[c]  # 2^23 + 8
                 s += (int_as_float(MAGIC | ((v >> (8 * c + 4)) & 15)) - float32(8388616.0)) * xv[4 + c]
             acc[r] += float32(dh[n, b * 9]) * s
-    _block_reduce_store(y, part, acc, n0, lane, w)
+    block_reduce_store(y, part, acc, n0, ROWS, w * 32 + lane, RED)
 
 
 # ---------------------------------------------------------------------------- rung 4: int8 activations
@@ -1156,7 +1156,7 @@ def q8_0_q8act_kernel(y, xq4, xd, wq, dh):
                  + _sbyte(v2) * _sbyte(xb) + _sbyte(v2 >> 8) * _sbyte(xb >> 8)
                  + _sbyte(v3) * _sbyte(xb >> 16) + _sbyte(v3 >> 8) * _sbyte(xb >> 24))
             acc[r] += float32(dh[n, b * 17]) * dx * float32(s)
-    _block_reduce_store(y, part, acc, n0, lane, w)
+    block_reduce_store(y, part, acc, n0, ROWS, w * 32 + lane, RED)
 
 
 @cuda.jit(fastmath=True)
@@ -1184,7 +1184,7 @@ def q4_0_q8act_kernel(y, xq4, xd, wq, dh):
                 byte = (v >> (8 * c)) & 0xFF
                 s = int32(s + ((byte & 15) - 8) * _sbyte(xa >> (8 * c)) + ((byte >> 4) - 8) * _sbyte(xb >> (8 * c)))
             acc[r] += float32(dh[n, b * 9]) * dx * float32(s)
-    _block_reduce_store(y, part, acc, n0, lane, w)
+    block_reduce_store(y, part, acc, n0, ROWS, w * 32 + lane, RED)
 
 
 _scratch: dict = {}
