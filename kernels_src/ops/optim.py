@@ -677,11 +677,10 @@ def adamw_multi_tensor(p_new, m_new, v_new, p, g, m, v, lengths, step, lr, beta1
 
 
 # --- global-norm clipping: a reduction pass, then the scaled update
-@cuda.jit
-def sumsq_kernel(out, g):
-    # out[0] += sum of g^2: a grid-stride float32 partial per thread, a shared-memory tree per block, one
-    # atomic add per block
-    buf = cuda.shared.array(THREADS, float32)
+@cuda.jit(device=True, inline=True)
+def block_sumsq(g, buf):
+    """This block's sum of g^2 (valid in thread 0): a grid-stride float32 partial per thread, then a
+    shared-memory tree over the block (buf: THREADS floats). The order of the sums is fixed."""
     t = cuda.threadIdx.x
     acc = float32(0.0)
     i = cuda.grid(1)
@@ -697,8 +696,16 @@ def sumsq_kernel(out, g):
             buf[t] += buf[t + s]
         cuda.syncthreads()
         s //= 2
-    if t == 0:
-        cuda.atomic.add(out, 0, buf[0])
+    return buf[0]
+
+
+@cuda.jit
+def sumsq_kernel(out, g):
+    # out[0] += sum of g^2: one atomic add per block (the order of the atomics is not fixed)
+    buf = cuda.shared.array(THREADS, float32)
+    total = block_sumsq(g, buf)
+    if cuda.threadIdx.x == 0:
+        cuda.atomic.add(out, 0, total)
 
 
 @cuda.jit(device=True, inline=True)
@@ -732,23 +739,9 @@ def sumsq_partials_kernel(partials, g):
     # partials[b] = block b's sum of g^2 over its fixed grid-stride share: the same tree as sumsq_kernel, but
     # the block's total is STORED in its own slot, not added atomically (the order of atomics is not fixed)
     buf = cuda.shared.array(THREADS, float32)
-    t = cuda.threadIdx.x
-    acc = float32(0.0)
-    i = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    while i < g.size:
-        acc += g[i] * g[i]
-        i += stride
-    buf[t] = acc
-    cuda.syncthreads()
-    s = THREADS // 2
-    while s > 0:
-        if t < s:
-            buf[t] += buf[t + s]
-        cuda.syncthreads()
-        s //= 2
-    if t == 0:
-        partials[cuda.blockIdx.x] = buf[0]
+    total = block_sumsq(g, buf)
+    if cuda.threadIdx.x == 0:
+        partials[cuda.blockIdx.x] = total
 
 
 @cuda.jit
