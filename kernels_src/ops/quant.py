@@ -42,6 +42,9 @@ Ladder (both formats)
   gpu/rows            rung 3    8 weights per lane from 2-byte loads, x reused from registers for 8 outputs
   gpu/q8act           rung 4    rung 3 with x first quantized to int8 blocks (llama.cpp's q8 activations):
                                 integer products, int32 sums, one float scale per block
+  gpu/packed          rung 5    weights repacked (quants apart from the fp16 scales): 16-byte loads  (qgemv_packed.py)
+  gpu/packed_warp     rung 6    a warp owns a few rows and walks all of K, every load of a trip issued first
+  gpu/packed_dp4a     rung 7    rung 6 with x quantized to int8 first and dp4a (inline PTX) products
 """
 from __future__ import annotations
 
