@@ -29,15 +29,15 @@ the last row, and its sum is never stored). The partial sums meet in shared memo
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
-from ..compiler import cuda, dp4a, float32, float64, int32, int_as_float, load4
+from ..compiler import cuda, dp4a, float32, int32, int_as_float, load4
 from .. import device
 from ..device import ceil_div
 from ..registry import register
-from .quant import FORMATS, MAGIC, QK, _scales, block_reduce_store, q8act_tol
+from .quant import (FORMATS, MAGIC, QK, _scales, block_reduce_store, per_array, q8act_tol, quantize_x8,
+                    x_scratch)
 
 OFFSET4 = np.int32(-0x7F7F7F80)  # 0x80808080 as an int32: XOR flips the sign bit of each byte
 ROWS = 8  # rung 5: outputs per thread block
@@ -62,31 +62,11 @@ def repack_host(Wq, fmt):
 def repack_gpu(Wq, fmt):
     """The repacked weight on the device, built once per packed array and cached (the cache holds the
     array, so its id is not reused while the entry lives)."""
-    key = (id(Wq), fmt)
-    hit = _repacked.get(key)
-    if hit is not None and hit[0] is Wq:
-        return hit[1]
-    host = Wq.copy_to_host() if hasattr(Wq, "copy_to_host") else Wq
-    qs, d = repack_host(host, fmt)
-    out = (cuda.to_device(qs), cuda.to_device(d))
-    if len(_repacked) >= 8:
-        _repacked.pop(next(iter(_repacked)))
-    _repacked[key] = (Wq, out)
-    return out
+    def build():
+        qs, d = repack_host(Wq.copy_to_host() if hasattr(Wq, "copy_to_host") else Wq, fmt)
+        return cuda.to_device(qs), cuda.to_device(d)
 
-
-@cuda.jit(device=True, inline=True)
-def quantize_x8(v, idv):
-    """One activation to int8 as llama.cpp's q8 activations do: round half away from zero of v/d."""
-    p = v * idv
-    r = int32(math.floor(abs(float64(p)) + 0.5))
-    return r if p >= 0 else -r
-
-
-@cuda.jit(device=True, inline=True)
-def pack4(a, b, c, d):
-    """Four int8 values (as int32) into one word, a in the lowest byte."""
-    return int32((a & 0xFF) | ((b & 0xFF) << 8) | ((c & 0xFF) << 16) | ((d & 0xFF) << 24))
+    return per_array(_repacked, Wq, (id(Wq), fmt), build)
 
 
 @functools.cache
@@ -249,13 +229,9 @@ def make_warp_rows_kernel(fmt, int8x, rows=None, warps=None, unroll=None):
                     xi[4 * i], xi[4 * i + 1], xi[4 * i + 2], xi[4 * i + 3] = load4(xq, cu * (NX // 4) + i)
                 off = int32(0) if q8 else int32(8 * xs[bu])
                 dx = xd[bu]
-                for r in range(rows):
-                    if q8:
-                        s = chunk_dot_i8(q8, wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3], xi[0], xi[1], xi[2],
-                                         xi[3], xi[0], xi[1], xi[2], xi[3])
-                    else:
-                        s = chunk_dot_i8(q8, wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3], xi[0], xi[1], xi[2],
-                                         xi[3], xi[4 % NX], xi[5 % NX], xi[6 % NX], xi[7 % NX])
+                for r in range(rows):  # Q8_0 reads only xi[0..3] (its last four arguments are unused)
+                    s = chunk_dot_i8(q8, wq[u, r, 0], wq[u, r, 1], wq[u, r, 2], wq[u, r, 3], xi[0], xi[1], xi[2],
+                                     xi[3], xi[4 % NX], xi[5 % NX], xi[6 % NX], xi[7 % NX])
                     acc[r] += float32(s - off) * (dq[u, r] * dx)
         warps_reduce_store(y, part, acc, n0, rows, w, lane)
 
@@ -295,19 +271,6 @@ def quantize_x_blocks_kernel(xq, xd, xs, x):
     if (t & 31) == 0 and i < x.size:
         xd[i // QK] = dx
         xs[i // QK] = q[t]
-
-
-_xscratch: dict = {}
-
-
-def x_scratch(K):
-    """Device buffers for x in int8 (+ scales and sums per block), allocated once per K (an allocation inside a
-    timed launch would cost more than the kernel)."""
-    hit = _xscratch.get(K)
-    if hit is None:
-        hit = _xscratch[K] = (cuda.device_array(max(K, 4), np.int8), cuda.device_array(max(K // QK, 1), np.float32),
-                              cuda.device_array(max(K // QK, 1), np.int32))
-    return hit
 
 
 SIG = "void(float32[::1], float32[::1], int32[:, ::1], float16[:, ::1])"

@@ -455,22 +455,29 @@ def q4_0_dequantize_cpu(out, Xq):
 _fp32_cache: dict = {}
 
 
+def per_array(cache, Wq, key, build):
+    """``build()``, computed once per packed array and kept in ``cache`` (the 8 newest entries). An entry holds
+    the array itself, so its id cannot be reused while the entry lives."""
+    hit = cache.get(key)
+    if hit is not None and hit[0] is Wq:
+        return hit[1]
+    value = build()
+    if len(cache) >= 8:
+        cache.pop(next(iter(cache)))
+    cache[key] = (Wq, value)
+    return value
+
+
 def dequantized_fp32(Wq, fmt, layout="KN", device_array=False):
     """The fp32 W (K,N) of a packed weight, built once per array and cached, for the fp32 baselines.
     The cache holds the array itself, so its id cannot be reused while the entry lives."""
-    key = (id(Wq), layout, device_array)
-    hit = _fp32_cache.get(key)
-    if hit is not None and hit[0] is Wq:
-        return hit[1]
-    host = Wq.copy_to_host() if hasattr(Wq, "copy_to_host") else np.asarray(Wq)
-    W = DEQUANT[fmt](host).astype(np.float32)  # (N, K)
-    W = np.ascontiguousarray(W.T) if layout == "KN" else np.ascontiguousarray(W)
-    if device_array:
-        W = cuda.to_device(W)
-    if len(_fp32_cache) >= 8:
-        _fp32_cache.pop(next(iter(_fp32_cache)))
-    _fp32_cache[key] = (Wq, W)
-    return W
+    def build():
+        host = Wq.copy_to_host() if hasattr(Wq, "copy_to_host") else np.asarray(Wq)
+        W = DEQUANT[fmt](host).astype(np.float32)  # (N, K)
+        W = np.ascontiguousarray(W.T) if layout == "KN" else np.ascontiguousarray(W)
+        return cuda.to_device(W) if device_array else W
+
+    return per_array(_fp32_cache, Wq, (id(Wq), layout, device_array), build)
 
 
 def _numpy_baseline(fmt):
@@ -600,19 +607,14 @@ _packed_cache: dict = {}
 
 def repack_cpu(Wq, fmt):
     """(qs, d) of a packed GGML weight, built once per array and cached (like :func:`dequantized_fp32`)."""
-    key = (id(Wq), fmt)
-    hit = _packed_cache.get(key)
-    if hit is not None and hit[0] is Wq:
-        return hit[1]
-    N, BB = Wq.shape[0], FORMATS[fmt]
-    blocks = Wq.reshape(N, -1, BB)
-    qs = np.ascontiguousarray(blocks[..., 2:]).reshape(N, -1)
-    qs = qs.view(np.int8) if fmt == "q8_0" else qs
-    d = _scales(Wq, BB).astype(np.float32)
-    if len(_packed_cache) >= 8:
-        _packed_cache.pop(next(iter(_packed_cache)))
-    _packed_cache[key] = (Wq, (qs, d))
-    return qs, d
+    def build():
+        N, BB = Wq.shape[0], FORMATS[fmt]
+        blocks = Wq.reshape(N, -1, BB)
+        qs = np.ascontiguousarray(blocks[..., 2:]).reshape(N, -1)
+        qs = qs.view(np.int8) if fmt == "q8_0" else qs
+        return qs, _scales(Wq, BB).astype(np.float32)
+
+    return per_array(_packed_cache, Wq, (id(Wq), fmt), build)
 
 
 @njit(fastmath=True, cache=True, parallel=True)
@@ -1113,6 +1115,14 @@ def q4_0_rows_kernel(y, x, wq, dh):
 
 
 # ---------------------------------------------------------------------------- rung 4: int8 activations
+@cuda.jit(device=True, inline=True)
+def quantize_x8(v, idv):
+    """One activation to int8 as llama.cpp's q8 activations do: round half away from zero of v/d."""
+    p = v * idv
+    r = int32(math.floor(abs(float64(p)) + 0.5))
+    return r if p >= 0 else -r
+
+
 @cuda.jit
 def quantize_x_kernel(xq, xd, x):
     # one thread per block of 32 activations (K/32 threads: x is tiny next to W)
@@ -1125,9 +1135,7 @@ def quantize_x_kernel(xq, xd, x):
         idv = float32(1.0) / d if d != 0 else float32(0.0)
         xd[b] = d
         for j in range(QK):
-            p = x[b * QK + j] * idv
-            r = int32(math.floor(abs(float64(p)) + 0.5))
-            xq[b * QK + j] = r if p >= 0 else -r
+            xq[b * QK + j] = quantize_x8(x[b * QK + j], idv)
 
 
 @cuda.jit(fastmath=True)
@@ -1193,12 +1201,15 @@ def q4_0_q8act_kernel(y, xq4, xd, wq, dh):
 _scratch: dict = {}
 
 
-def _x_scratch(K):
-    """Device buffers for the quantized activations, allocated once per K (an allocation inside a timed
-    launch would cost more than the kernel)."""
+def x_scratch(K):
+    """Device buffers for x in int8, its scale per block of 32 and the sum of its int8 values per block (the
+    last only rung 7 uses), allocated once per K (an allocation inside a timed launch would cost more than the
+    kernel)."""
     hit = _scratch.get(K)
     if hit is None:
-        hit = _scratch[K] = (cuda.device_array(max(K, 4), np.int8), cuda.device_array(max(K // QK, 1), np.float32))
+        nb = max(K // QK, 1)
+        hit = _scratch[K] = (cuda.device_array(max(K, 4), np.int8), cuda.device_array(nb, np.float32),
+                             cuda.device_array(nb, np.int32))
     return hit
 
 
@@ -1269,7 +1280,7 @@ def _gpu_rungs(fmt):
         summed in int32 and scaled once per block. Numba has no dp4a, so each byte product is a plain
         integer multiply: x costs 1 byte a weight instead of 4 on chip. Predicted: no faster than rung 3
         (the DRAM bytes are the same), a second launch costs ~3 us."""
-        xq, xd = _x_scratch(x.size)
+        xq, xd, _ = x_scratch(x.size)
         quantize_x_kernel[max(1, ceil_div(x.size // QK, 128)), 128](xq, xd, x)
         t4[ceil_div(y.size, ROWS), (32, WARPS)](y, xq.view(np.int32), xd, Wq.view(np.uint16), Wq.view(np.float16))
 
