@@ -678,16 +678,10 @@ def adamw_multi_tensor(p_new, m_new, v_new, p, g, m, v, lengths, step, lr, beta1
 
 # --- global-norm clipping: a reduction pass, then the scaled update
 @cuda.jit(device=True, inline=True)
-def block_sumsq(g, buf):
-    """This block's sum of g^2 (valid in thread 0): a grid-stride float32 partial per thread, then a
-    shared-memory tree over the block (buf: THREADS floats). The order of the sums is fixed."""
+def tree_sum(buf, acc):
+    """The block's sum of every thread's ``acc`` (valid in thread 0), by a shared-memory tree over ``buf``
+    (THREADS floats): the order of the additions is fixed."""
     t = cuda.threadIdx.x
-    acc = float32(0.0)
-    i = cuda.grid(1)
-    stride = cuda.gridsize(1)
-    while i < g.size:
-        acc += g[i] * g[i]
-        i += stride
     buf[t] = acc
     cuda.syncthreads()
     s = THREADS // 2
@@ -697,6 +691,19 @@ def block_sumsq(g, buf):
         cuda.syncthreads()
         s //= 2
     return buf[0]
+
+
+@cuda.jit(device=True, inline=True)
+def block_sumsq(g, buf):
+    """This block's sum of g^2 (valid in thread 0): a grid-stride float32 partial per thread, then a
+    shared-memory tree over the block (buf: THREADS floats). The order of the sums is fixed."""
+    acc = float32(0.0)
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < g.size:
+        acc += g[i] * g[i]
+        i += stride
+    return tree_sum(buf, acc)
 
 
 @cuda.jit
@@ -755,16 +762,9 @@ def sum_partials_kernel(out, partials):
     while i < partials.size:
         acc += partials[i]
         i += THREADS
-    buf[t] = acc
-    cuda.syncthreads()
-    s = THREADS // 2
-    while s > 0:
-        if t < s:
-            buf[t] += buf[t + s]
-        cuda.syncthreads()
-        s //= 2
+    total = tree_sum(buf, acc)
     if t == 0:
-        out[0] = buf[0]
+        out[0] = total
 
 
 REDUCE_BLOCKS = 1024  # blocks of the norm pass: enough to fill an H100 (132 SMs x 8), few atomics
