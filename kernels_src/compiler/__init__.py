@@ -40,6 +40,8 @@ TRADE_OFFS = {
 MLIR_GAPS = {
     "scan/gpu/lookback": "cuda.threadfence has no lowering in numba-cuda-mlir 0.6 (NotImplementedError)",
     "scan_exclusive/gpu/lookback": "cuda.threadfence has no lowering in numba-cuda-mlir 0.6 (NotImplementedError)",
+    **{f"{op}/gpu/{v}": "mma.sync needs inline PTX, which numba-cuda-mlir 0.6 does not have"
+       for op in ("gemm_tf32", "gemm_f16", "gemm_bf16") for v in ("mma_warp", "mma_smem", "mma_dbuf")},
 }
 
 
@@ -149,7 +151,9 @@ else:
 
 # ------------------------------------------------------------------------------------ the course's intrinsics
 from .vec import load4, store4  # noqa: E402
-from .inline_ptx import dp4a  # noqa: E402
+from .inline_ptx import dp4a, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, to_tf32  # noqa: E402
+from .halfbits import (bf16_to_f32, f16_to_f32, f16bits_to_f32, f32_as_u32, f32_to_bf16, f32_to_f16,  # noqa: E402
+                       f32_to_f16bits, u32_as_f32)
 from .cpubits import cpu_dispatcher_type, float32_from_bits, numba_threads_started, using_svml  # noqa: E402
 from .cpubits import apply_cpu_vector_bits as _apply_cpu_vector_bits  # noqa: E402
 
@@ -159,5 +163,8 @@ CPU_VECTORS = _apply_cpu_vector_bits()
 __all__ = ["NAME", "REASON", "TRADE_OFFS", "USE_MLIR", "version", "cuda", "njit", "prange", "vectorize",
            "get_num_threads", "typeof", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
            "uint8", "uint16", "uint32", "uint64", "boolean", "void", "types", "fastmath", "fmul_rn", "fadd_rn",
-           "int_as_float", "load4", "store4", "dp4a", "float32_from_bits",
+           "int_as_float", "load4", "store4", "dp4a", "mma_tf32", "mma_f16", "mma_bf16", "to_tf32", "pack_f16x2",
+           "pack_bf16x2", "float32_from_bits",
+           "bf16_to_f32", "f32_to_bf16", "f16_to_f32", "f32_to_f16", "f16bits_to_f32", "f32_to_f16bits",
+           "f32_as_u32", "u32_as_f32",
            "cpu_dispatcher_type", "using_svml", "numba_threads_started", "CPU_VECTORS"]

@@ -47,6 +47,9 @@ WARPS = 4  # rung 5: warps per block, which split K
 SHAPES = {("q8_0", False): (2, 4, 2), ("q4_0", False): (4, 4, 2), ("q8_0", True): (1, 8, 4), ("q4_0", True): (2, 8, 4)}
 
 _repacked: dict = {}
+# A model's every quantized weight stays repacked: a large capstone has ~60 of them, and a miss costs a host round
+# trip (and cannot happen inside a captured CUDA graph at all).
+REPACK_KEEP = 256
 
 
 def repack_host(Wq, fmt):
@@ -66,7 +69,7 @@ def repack_gpu(Wq, fmt):
         qs, d = repack_host(Wq.copy_to_host() if hasattr(Wq, "copy_to_host") else Wq, fmt)
         return cuda.to_device(qs), cuda.to_device(d)
 
-    return per_array(_repacked, Wq, (id(Wq), fmt), build)
+    return per_array(_repacked, Wq, (id(Wq), fmt), build, keep=REPACK_KEEP)
 
 
 @functools.cache

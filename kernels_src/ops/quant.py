@@ -455,14 +455,14 @@ def q4_0_dequantize_cpu(out, Xq):
 _fp32_cache: dict = {}
 
 
-def per_array(cache, Wq, key, build):
-    """``build()``, computed once per packed array and kept in ``cache`` (the 8 newest entries). An entry holds
-    the array itself, so its id cannot be reused while the entry lives."""
+def per_array(cache, Wq, key, build, keep=8):
+    """``build()``, computed once per packed array and kept in ``cache`` (the ``keep`` newest entries). An entry
+    holds the array itself, so its id cannot be reused while the entry lives."""
     hit = cache.get(key)
     if hit is not None and hit[0] is Wq:
         return hit[1]
     value = build()
-    if len(cache) >= 8:
+    if len(cache) >= keep:
         cache.pop(next(iter(cache)))
     cache[key] = (Wq, value)
     return value

@@ -19,8 +19,8 @@ each answered, in this order, by
     splitk   K >= splitk_min_k and fewer than splitk_max_tiles 128x128 output tiles: chapter 5's rung 12
     large    everything else: chapter 5's warptile GEMM (rung 11); the simulator takes rung 2, CPUs rung 6
 
-and the quantized products (qgemv_q8_0, qgemv_q4_0) go to the dequantizing GEMV of chapter 11 (K a multiple
-of 32). Other roles have one rule per device: the fastest correct rung that the op's chapter measured, with
+and the quantized products (qgemv_q8_0, qgemv_q4_0) go to the dequantizing GEMV of chapter 11 (rung 6, weights
+repacked once; K a multiple of 32). Other roles have one rule per device: the fastest correct rung that the op's chapter measured, with
 a shape guard where a kernel has a limit (flash attention: head size D <= 128, 48 KiB of shared memory).
 
 Thresholds come from the device's table (``kernels autotune`` writes it; ``tables/<device>.json``, chosen by
@@ -219,8 +219,9 @@ POLICIES: dict[str, list[Rule]] = {
                                 "decode_attention/gpu/block",
                                 why="flash-decoding: the cache split over 2 blocks per SM, 16-byte rows, the step's dot "
                                 "products summed by one butterfly; the rows per split follow the filled length (ch 10)")],
-    **{f"qgemv_{f}": [_fixed(f"qgemv_{f}/cpu/fused_prange", f"qgemv_{f}/gpu/rows", f"qgemv_{f}/gpu/warp_per_row",
-                             why="dequantize in registers while reading packed weights (ch 11)",
+    **{f"qgemv_{f}": [_fixed(f"qgemv_{f}/cpu/fused_prange", f"qgemv_{f}/gpu/packed_warp", f"qgemv_{f}/gpu/warp_per_row",
+                             why="weights repacked once for 16-byte loads, a warp per output row, several loads in "
+                             "flight per lane; x stays fp32 (ch 11, rung 6)",
                              when=lambda s, t: s["K"] % 32 == 0, limit="K a multiple of 32")] for f in ("q8_0", "q4_0")},
     **{f"{f}_{d}": [_fixed(f"{f}_{d}/cpu/njit", f"{f}_{d}/gpu/{'warp_per_block' if d == 'quantize' else 'thread_per_elem'}",
                            why="(ch 11)")]
