@@ -116,6 +116,14 @@ MUTANTS = [
     ("ch16_random_dropout_sampling", "q2", "dropped element multiplied by 0", "y[i] = 0.0", "y[i] = x[i] * 0.0"),
     ("ch16_random_dropout_sampling", "q2", "words rotated", "words[j] >> uint64(8)", "words[(j + 1) % 4] >> uint64(8)"),
     ("ch16_random_dropout_sampling", "q3", "boundary > instead of >=", "if acc >= p * total:", "if acc > p * total:"),
+    ("ch17_convolution", "q1", "halo not loaded", "range(t, TILE + R - 1, TILE)", "range(t, TILE, TILE)"),
+    ("ch17_convolution", "q1", "padding offset dropped", "i = p0 - pad + e", "i = p0 + e"),
+    ("ch17_convolution", "q1", "negative indices read from the end", "if 0 <= i < x.size", "if i < x.size"),
+    ("ch17_convolution", "q2", "r and s swapped in the row", "row = (c * R + r) * S + s", "row = (c * S + s) * R + r"),
+    ("ch17_convolution", "q2", "padding not subtracted", "h = (j // Q) * stride - pad + r", "h = (j // Q) * stride + r"),
+    ("ch17_convolution", "q2", "stride ignored across columns", "v = (j % Q) * stride - pad + s", "v = (j % Q) - pad + s"),
+    ("ch17_convolution", "q3", "padding counts as 0", "acc = float32(-np.inf)", "acc = float32(0.0)"),
+    ("ch17_convolution", "q3", "NaN ignored", "if a > acc or a != a:", "if a > acc:"),
 ]
 
 
