@@ -13,7 +13,7 @@ dw      x (N,C,H,W), dy (N,K,P,Q) -> dw (K,C,R,S): a correlation of x with dy ov
 
 Cost (conv2d): 2 N K P Q C R S FLOPs, i.e. a GEMM with M = K, N = N P Q and a depth of C R S. At least
         x, w and y move once: (NCHW + KCRS + NKPQ) * 4 bytes. Chapter 17's shape (N 32, C = K = 64, 56 x 56,
-        3 x 3, stride 1, pad 1): 7.4 GFLOP on 38 MB, about 190 FLOP per byte: compute-bound, like a GEMM.
+        3 x 3, stride 1, pad 1): 7.4 GFLOP on 51 MB, about 144 FLOP per byte: compute-bound, like a GEMM.
         im2col makes that GEMM explicit by copying every window into a (CRS, NPQ) matrix: R S = 9 copies of
         x, 231 MB written and read again for a 26 MB input. Implicit GEMM runs the same tiles but computes
         each (c, r, s) -> x index while loading, so the matrix never exists.
