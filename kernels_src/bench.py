@@ -347,7 +347,7 @@ def _prepare(op, size, dtype, backend, n_sets):
     for _ in range(n_sets):
         inputs = as_tuple(op.make_inputs(size, np.dtype(dtype), rng))
         if template is None:  # the reference is only needed once, for output shapes and dtypes
-            template = empty_outputs(reference_outputs(op, inputs), dtype)
+            template = empty_outputs(reference_outputs(op, inputs), dtype, op.storage)
         outs = [np.empty_like(o) for o in template]
         if backend == "gpu":
             cuda = device.cuda

@@ -46,7 +46,34 @@ def resolve_tol(tol, dtype, size=None) -> tuple[float, float]:
 POISON_BITS = {2: (np.uint16, 0x7E5D), 4: (np.uint32, 0x7FC0DEAD), 8: (np.uint64, 0x7FF8DEADBEEF0000)}
 
 
-def poison(a: np.ndarray) -> np.ndarray:
+# Half-precision storage (chapter 19): an op may store an output as "float16" (NumPy's float16, poisoned with
+# the fp16 NaN above) or as "bfloat16", which NumPy has no dtype for: a uint16 array of bf16 bit patterns (value
+# = the float32 with bits h << 16). Its poison is a bf16 NaN with its own payload (exponent bits all ones,
+# mantissa 0x5D), and its elements are decoded to float64 before they are compared, so NaN never passes.
+BF16_POISON = 0x7FDD
+STORAGE_DTYPE = {"float16": np.float16, "bfloat16": np.uint16}
+
+
+def storage_of(op, k: int) -> str:
+    """The storage format of output ``k`` of ``op`` ("" unless the op declares one)."""
+    st = getattr(op, "storage", ()) or ()
+    return st[k] if k < len(st) else ""
+
+
+def stored_value(a, fmt: str = "") -> np.ndarray:
+    """float64 values of an output array held in format ``fmt`` (bf16 bit patterns decoded)."""
+    a = np.asarray(a)
+    if fmt == "bfloat16":
+        bits = np.ascontiguousarray(a, dtype=np.uint16).astype(np.uint32) << np.uint32(16)
+        with np.errstate(invalid="ignore"):  # signalling-NaN patterns become quiet NaNs: still NaN
+            return bits.view(np.float32).astype(np.float64)
+    return a.astype(np.float64)
+
+
+def poison(a: np.ndarray, fmt: str = "") -> np.ndarray:
+    if fmt == "bfloat16":
+        a.view(np.uint16).fill(BF16_POISON)
+        return a
     if np.issubdtype(a.dtype, np.floating) and a.dtype.itemsize in POISON_BITS:
         utype, bits = POISON_BITS[a.dtype.itemsize]
         a.view(utype).fill(bits)
@@ -59,9 +86,11 @@ def poison(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def is_poison(a) -> np.ndarray:
+def is_poison(a, fmt: str = "") -> np.ndarray:
     """Elementwise: does ``a`` still hold (or was it computed only from) the poison value?"""
     a = np.asarray(a)
+    if fmt == "bfloat16":
+        return np.ascontiguousarray(a).view(np.uint16) == BF16_POISON
     if np.issubdtype(a.dtype, np.floating) and a.dtype.itemsize in POISON_BITS:
         utype, bits = POISON_BITS[a.dtype.itemsize]
         return np.ascontiguousarray(a).view(utype) == bits
@@ -117,15 +146,15 @@ class OutputReport:
         return out
 
 
-def compare(name: str, got, ref, rtol: float, atol: float, max_shown: int = MAX_SHOWN) -> OutputReport:
-    """Compare one output array against its float64 reference."""
+def compare(name: str, got, ref, rtol: float, atol: float, max_shown: int = MAX_SHOWN, fmt: str = "") -> OutputReport:
+    """Compare one output array against its float64 reference (``fmt``: the output's storage format)."""
     ref = np.asarray(ref)
     got = np.asarray(got)
     if got.shape != ref.shape:
         return OutputReport(name, tuple(ref.shape), False, problem=f"shape {got.shape}, expected {ref.shape}")
     if ref.size == 0:
         return OutputReport(name, ref.shape, True)
-    g = got.astype(np.float64)
+    g = stored_value(got, fmt)
     r = ref.astype(np.float64)
     fin = np.isfinite(r)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -144,7 +173,7 @@ def compare(name: str, got, ref, rtol: float, atol: float, max_shown: int = MAX_
                        max_rel=float(np.max(np.where(fin, rel_fin, 0.0))), rtol=rtol, atol=atol)
     if n_bad:
         rep.bad_mask = bad
-        unwritten = is_poison(got)
+        unwritten = is_poison(got, fmt)
         for idx in np.argwhere(bad)[:max_shown]:
             t = tuple(int(i) for i in idx)
             rep.mismatches.append(Mismatch(t, float(r[t]), float(g[t]), bool(unwritten[t])))
@@ -190,9 +219,15 @@ def reference_outputs(op, inputs) -> tuple:
     return tuple(np.asarray(r) for r in as_tuple(op.reference(*to_float64(inputs))))
 
 
-def empty_outputs(refs, dtype) -> list[np.ndarray]:
+def empty_outputs(refs, dtype, storage=()) -> list[np.ndarray]:
+    """Poisoned outputs shaped like the references: floating ones in ``dtype``, or in the storage format that
+    ``storage`` (one entry per output, as ``Op.storage``) names for them."""
     outs = []
-    for r in refs:
+    for k, r in enumerate(refs):
+        fmt = storage[k] if k < len(storage) else ""
+        if fmt and np.issubdtype(r.dtype, np.floating):
+            outs.append(poison(np.empty(r.shape, dtype=STORAGE_DTYPE[fmt]), fmt))
+            continue
         dt = np.dtype(dtype) if np.issubdtype(r.dtype, np.floating) else r.dtype
         outs.append(poison(np.empty(r.shape, dtype=dt)))
     return outs
@@ -241,7 +276,7 @@ def check_variant(variant, op, size, dtype="float32", seed=0, edge: bool = False
             raise ValueError(f"{op.name} defines no edge inputs")
     inputs = as_tuple(make(size, np.dtype(dtype), rng))
     refs = reference_outputs(op, inputs)
-    outs = empty_outputs(refs, dtype)
+    outs = empty_outputs(refs, dtype, op.storage)
     try:
         results = run_variant(variant, inputs, outs)
     except AssertionError as e:
@@ -252,7 +287,8 @@ def check_variant(variant, op, size, dtype="float32", seed=0, edge: bool = False
         return rep
     rtol, atol = resolve_tol(variant.tol if variant.tol is not None else op.tol, dtype, size)
     names = op.output_names if len(op.output_names) == len(refs) else [f"out{i}" for i in range(len(refs))]
-    rep.outputs = [compare(n, g, r, rtol, atol) for n, g, r in zip(names, results, refs)]
+    rep.outputs = [compare(n, g, r, rtol, atol, fmt=storage_of(op, k))
+                   for k, (n, g, r) in enumerate(zip(names, results, refs))]
     return rep
 
 

@@ -42,6 +42,9 @@ class Op:
     # make_edge_inputs(size, dtype, rng) -> inputs with the values where kernels go wrong (zeros, signed
     # zeros, infinities, NaN, tiny and huge magnitudes), used by the graders' edge=True checks
     edge_inputs: Callable[..., tuple] | None = None
+    # Half-precision storage (chapter 19), one entry per output: "bfloat16" (held as uint16 bit patterns),
+    # "float16", or "" (the run's dtype). Outputs past the tuple's end take the run's dtype. See parity.py.
+    storage: tuple = ()
 
     def size_label(self, size: Size) -> str:
         return "x".join(str(s) for s in size)

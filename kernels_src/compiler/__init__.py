@@ -154,8 +154,6 @@ from .vec import load4, store4  # noqa: E402
 from .inline_ptx import dp4a, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, to_tf32  # noqa: E402
 from .halfbits import (bf16_to_f32, f16_to_f32, f16bits_to_f32, f32_as_u32, f32_to_bf16, f32_to_f16,  # noqa: E402
                        f32_to_f16bits, u32_as_f32)
-from .halfbits import (bf16_to_f32, f16_to_f32, f16bits_to_f32, f32_as_u32, f32_to_bf16, f32_to_f16,  # noqa: E402
-                       f32_to_f16bits, u32_as_f32)
 from .cpubits import cpu_dispatcher_type, float32_from_bits, numba_threads_started, using_svml  # noqa: E402
 from .cpubits import apply_cpu_vector_bits as _apply_cpu_vector_bits  # noqa: E402
 
@@ -167,8 +165,6 @@ __all__ = ["NAME", "REASON", "TRADE_OFFS", "USE_MLIR", "version", "cuda", "njit"
            "uint8", "uint16", "uint32", "uint64", "boolean", "void", "types", "fastmath", "fmul_rn", "fadd_rn",
            "int_as_float", "load4", "store4", "dp4a", "mma_tf32", "mma_f16", "mma_bf16", "to_tf32", "pack_f16x2",
            "pack_bf16x2", "float32_from_bits",
-           "bf16_to_f32", "f32_to_bf16", "f16_to_f32", "f32_to_f16", "f16bits_to_f32", "f32_to_f16bits",
-           "f32_as_u32", "u32_as_f32",
            "bf16_to_f32", "f32_to_bf16", "f16_to_f32", "f32_to_f16", "f16bits_to_f32", "f32_to_f16bits",
            "f32_as_u32", "u32_as_f32",
            "cpu_dispatcher_type", "using_svml", "numba_threads_started", "CPU_VECTORS"]

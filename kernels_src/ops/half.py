@@ -1,0 +1,1050 @@
+"""Half-precision storage for the memory-bound kernels: bf16 or fp16 in and out, float32 inside (chapter 19).
+
+The formats (one sign bit each)
+  fp16  IEEE binary16: 5 exponent bits, 10 stored mantissa bits: unit roundoff u = 2^-11, largest 65504,
+        smallest normal 2^-14, subnormals down to 2^-24. NumPy's float16; numba-cuda has float16 arithmetic.
+  bf16  bfloat16: 8 exponent bits (float32's range), 7 stored mantissa bits: u = 2^-8, largest ~3.39e38.
+        NumPy has no bf16 dtype: arrays hold the uint16 bit patterns (value = the float32 with bits h << 16).
+Rounding to nearest (ties to even) stores x as x (1 + d) with |d| <= u in the normal range; below the smallest
+normal the spacing is fixed (2^-24 for fp16, 2^-133 for bf16) and the error is absolute. A value beyond the
+largest finite number plus half an ulp (65520 in fp16) becomes inf: fp16's range is the one that bites.
+
+Shapes (activations in the format, parameters and saved statistics in float32, as mixed-precision training
+keeps them; ``<t>`` is ``bf16`` or ``fp16``)
+  softmax_<t>         x (M,N) -> y (M,N)                           y = exp(x - max) / sum
+  softmax_bwd_<t>     dy, y (M,N) -> dx (M,N)                      dx = y (dy - <dy, y>)
+  layernorm_<t>       x (M,N), gamma, beta (N,) fp32 -> y (M,N), mean, rstd (M,) fp32
+  layernorm_bwd_<t>   dy, x (M,N), mean, rstd (M,), gamma (N,) -> dx (M,N), dgamma, dbeta (N,) fp32
+  rmsnorm_<t>         x (M,N), gamma (N,) -> y (M,N), rstd (M,)
+  rmsnorm_bwd_<t>     dy, x (M,N), rstd (M,), gamma (N,) -> dx (M,N), dgamma (N,)
+  gelu_<t>            x (n,) -> y (n,)                             GELU, tanh form (GPT-2's)
+  gelu_bwd_<t>        dy, x (n,) -> dx (n,)
+Bytes: 2 per element of every (M,N) or (n,) array read or written (the O(M + N) vectors are counted too, in
+float32); FLOPs as the float32 ops of chapters 6-8. Memory-bound: judged against the copy of the same bytes.
+
+Accuracy (one place: :func:`half_tol`). Inputs are exact in the format, and the float64 reference computes on
+their values. A kernel computes in float32 (relative error ~1e-5 here, as the float32 ops of chapters 6-8
+are held to) and rounds once on the store, which adds at most u |y|. So |stored - exact| <= (u + r32) |exact|
++ a32: rtol = u + r32, atol = the float32 op's own. Truncating instead of rounding errs by up to 2u and fails.
+
+Ladder (each op)
+  cpu/numpy32     rung 1   decode to float32, the op's formula in NumPy in float32, round once on the store
+  gpu/rows        rung 1   rows: one block per row, the row in registers (2-byte loads), float32 block sums
+                           (shared-memory trees; warp shuffles on a GPU), one rounding per stored element.
+                           Backward norms: blocks own every G-th row and keep dgamma/dbeta partials in registers,
+                           a second kernel sums the G partial rows. GELU: grid-stride, one element per step
+  gpu/torch       baseline torch eager in the same precision (out= where torch has it, else a copy into ours)
+  gpu/compile     baseline torch.compile of the formula a user writes, in the same precision
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import device
+from ..compiler import (bf16_to_f32, cuda, f16_to_f32, f16bits_to_f32, f32_to_bf16, f32_to_f16, f32_to_f16bits,
+                        float32, load4, store4, u32_as_f32, uint32)
+from ..device import ceil_div
+from ..parity import as_tuple, stored_value
+from ..registry import define_op, register
+from . import activations, norms
+from . import softmax as softmax_mod
+from .optim_mixed import NAN16, bf16_bits_rne
+from .reductions import (NEG_INF, ONE, ZERO, block_max_shfl, block_max_smem, block_sum_shfl, block_sum_smem,
+                         next_pow2, row_config, row_jit, torch_gpu)
+
+FORMATS = {"bf16": "bfloat16", "fp16": "float16"}  # op-name tag -> storage format
+UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # half the spacing just above 1
+MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
+MAX_FINITE = {"bfloat16": float(np.uint32(0x7F7F0000).view(np.float32)), "float16": 65504.0}
+EPS = norms.EPS
+EPS32 = np.float32(EPS)
+U16, UHI16, ULO16 = np.uint32(16), np.uint32(0xFFFF0000), np.uint32(0xFFFF)
+INF = np.float32(np.inf)
+
+
+# ============================================================================ the formats on the host
+def encode(x, fmt):
+    """float values -> the format's storage (bf16: uint16 bit patterns; fp16: float16), rounded to nearest even
+    from float32 (the value a float32 kernel holds before its store). NaN stays NaN; overflow becomes inf."""
+    x32 = np.asarray(x, dtype=np.float32)
+    if fmt == "bfloat16":
+        return bf16_bits_rne(x32)
+    with np.errstate(over="ignore"):
+        return x32.astype(np.float16)
+
+
+def decode(a, fmt):
+    """Stored values -> float64 (exact: every bf16 and fp16 number is a float32)."""
+    return stored_value(a, fmt)
+
+
+def round_to(x, fmt):
+    """float64 values rounded (once, from float64) to the nearest number of the format, as float64: the oracle of
+    the conversion tests. Computed from the exponent alone (frexp), never from bit patterns; beyond the largest
+    finite number plus half an ulp the result is inf, as IEEE rounding says."""
+    x = np.asarray(x, dtype=np.float64)
+    p = MANTISSA_BITS[fmt] + 1  # significant bits
+    emin = {"bfloat16": -126, "float16": -14}[fmt]  # exponent of the smallest normal
+    out = x.copy()
+    fin = np.isfinite(x) & (x != 0)
+    m, e = np.frexp(x[fin])  # x = m 2^e, 0.5 <= |m| < 1: ulp = 2^(e - p), but never below 2^(emin - p + 1)
+    e = np.maximum(e, emin + 1)
+    r = np.ldexp(np.round(np.ldexp(x[fin], p - e)), e - p)  # np.round: halves to even
+    top = MAX_FINITE[fmt] + 2.0 ** (math.floor(math.log2(MAX_FINITE[fmt])) - p)  # largest + half an ulp
+    r = np.where(np.abs(r) >= top, np.copysign(np.inf, r), r)
+    r = np.where(r == 0, np.copysign(0.0, x[fin]), r)
+    out[fin] = r
+    return out
+
+
+def spacing(x, fmt):
+    """Distance from |x| to the next larger number of the format (float64), for the chapter's figure."""
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    p = MANTISSA_BITS[fmt] + 1
+    emin = {"bfloat16": -126, "float16": -14, "float32": -126}[fmt]
+    _, e = np.frexp(np.where(x > 0, x, 1.0))
+    return np.ldexp(1.0, np.maximum(e, emin + 1) - p)
+
+
+def half_tol(fmt, rtol32, atol32):
+    """(rtol, atol) for an output stored in ``fmt`` by a float32 kernel: u + the float32 op's relative error,
+    and its absolute one (which also covers the fixed spacing of the subnormals: 2^-25 or less here)."""
+    return (UNIT_ROUNDOFF[fmt] + rtol32, atol32)
+
+
+# ================================================================================ references
+def _v(a):
+    """A reference's view of an input: uint16 arrays are bf16 bit patterns (parity passes them unchanged);
+    float16 arrays arrive already converted to float64."""
+    a = np.asarray(a)
+    return decode(a, "bfloat16") if a.dtype == np.uint16 else a.astype(np.float64)
+
+
+def softmax_ref(x):
+    return softmax_mod.reference(_v(x))
+
+
+def softmax_bwd_ref(dy, y):
+    return softmax_mod.reference_bwd(_v(dy), _v(y))
+
+
+def ln_ref(x, gamma, beta):
+    return norms.ln_reference(_v(x), gamma, beta)
+
+
+def ln_bwd_ref(dy, x, mean, rstd, gamma):
+    return norms.ln_bwd_reference(_v(dy), _v(x), mean, rstd, gamma)
+
+
+def rms_ref(x, gamma):
+    return norms.rms_reference(_v(x), gamma)
+
+
+def rms_bwd_ref(dy, x, rstd, gamma):
+    return norms.rms_bwd_reference(_v(dy), _v(x), rstd, gamma)
+
+
+def gelu_ref(x):
+    return activations.gelu_tanh_ref(_v(x))
+
+
+def gelu_bwd_ref(dy, x):
+    return activations.gelu_tanh_bwd_ref(_v(dy), _v(x))
+
+
+# ================================================================================== inputs
+def _inputs(fmt, kind):
+    """make_inputs(size, dtype, rng) for op ``kind`` in ``fmt``: the float32 ops' inputs, activations encoded.
+    Saved statistics (mean, rstd) are recomputed from the stored x, as the forward pass would have saved them."""
+    f32 = np.dtype(np.float32)
+
+    def make(size, dtype, rng):
+        if kind == "softmax":
+            x = as_tuple(softmax_mod.make_inputs(size, f32, rng))[0]
+            return (encode(x, fmt),)
+        if kind == "softmax_bwd":
+            dy, y = softmax_mod.make_inputs_bwd(size, f32, rng)
+            return encode(dy, fmt), encode(y, fmt)
+        if kind == "layernorm":
+            x, g, b = norms.ln_make_inputs(size, f32, rng)
+            return encode(x, fmt), g, b
+        if kind == "rmsnorm":
+            x, g = norms.rms_make_inputs(size, f32, rng)
+            return encode(x, fmt), g
+        if kind == "layernorm_bwd":
+            x, g, _ = norms.ln_make_inputs(size, f32, rng)
+            xs = encode(x, fmt)
+            _, mean, rstd = norms.ln_reference(decode(xs, fmt), g.astype(np.float64), 0.0)
+            dy = encode(rng.standard_normal(x.shape), fmt)
+            return dy, xs, mean.astype(np.float32), rstd.astype(np.float32), g
+        if kind == "rmsnorm_bwd":
+            x, g = norms.rms_make_inputs(size, f32, rng)
+            xs = encode(x, fmt)
+            _, rstd = norms.rms_reference(decode(xs, fmt), g.astype(np.float64))
+            dy = encode(rng.standard_normal(x.shape), fmt)
+            return dy, xs, rstd.astype(np.float32), g
+        if kind == "gelu":
+            return (encode(3.0 * rng.standard_normal(size), fmt),)
+        if kind == "gelu_bwd":
+            return encode(rng.standard_normal(size), fmt), encode(3.0 * rng.standard_normal(size), fmt)
+        raise KeyError(kind)
+
+    make.__name__ = f"make_inputs_{kind}_{fmt}"
+    return make
+
+
+# ================================================================================== the ops
+ROW_SIZES = {"check": [(1, 1), (3, 7), (5, 33), (2, 257), (17, 1031), (4, 4096), (3, 8200)],
+             # (3, 40), (2, 128): rows of whole 16-byte groups, so the simulator runs the vec16 path too
+             "check_sim": [(1, 1), (3, 7), (5, 33), (3, 40), (2, 128)],
+             "bench": [(1024, 1024)],
+             "bench_gpu": [(16384, 4096)],
+             "bench_sim": [(5, 33)]}
+VEC_SIZES = {"check": [(1,), (7,), (1031,), (40009,), (1 << 16,)],
+             "check_sim": [(1,), (7,), (300,), (304,)],
+             "bench": [(1 << 20,)],
+             "bench_gpu": [(1 << 26,)],
+             "bench_sim": [(300,)]}
+
+# The float32 ops' own (rtol, atol): softmax (chapter 8) exp and a sum of N terms; LayerNorm/RMSNorm (chapter 7)
+# O(1) values with tree sums; the norms' backward dgamma/dbeta are sums over M rows (allowance ~sqrt(M));
+# GELU (chapter 6) a fast exp and a few products.
+def _tol32(kind, size):
+    if kind.startswith("softmax"):
+        return 2e-5, 1e-7
+    if kind in ("layernorm_bwd", "rmsnorm_bwd"):
+        return 1e-5, 1e-5 * max(1.0, math.sqrt(size[0]))
+    if kind in ("layernorm", "rmsnorm"):
+        return 1e-5, 1e-5
+    return 2e-5, 1e-7
+
+
+#       kind          reference         outputs                     float32 outputs (not stored in the format)
+SPECS = {"softmax": (softmax_ref, ("y",), ()),
+         "softmax_bwd": (softmax_bwd_ref, ("dx",), ()),
+         "layernorm": (ln_ref, ("y", "mean", "rstd"), ("mean", "rstd")),
+         "layernorm_bwd": (ln_bwd_ref, ("dx", "dgamma", "dbeta"), ("dgamma", "dbeta")),
+         "rmsnorm": (rms_ref, ("y", "rstd"), ("rstd",)),
+         "rmsnorm_bwd": (rms_bwd_ref, ("dx", "dgamma"), ("dgamma",)),
+         "gelu": (gelu_ref, ("y",), ()),
+         "gelu_bwd": (gelu_bwd_ref, ("dx",), ())}
+# elements of the big arrays moved (read + written), per element of x
+BIG_ARRAYS = {"softmax": 2, "softmax_bwd": 3, "layernorm": 2, "layernorm_bwd": 3, "rmsnorm": 2, "rmsnorm_bwd": 3,
+              "gelu": 2, "gelu_bwd": 3}
+# small float32 vectors moved: rows (M) and columns (N) counts
+SMALL = {"softmax": (0, 0), "softmax_bwd": (0, 0), "layernorm": (2, 2), "layernorm_bwd": (2, 3),
+         "rmsnorm": (1, 1), "rmsnorm_bwd": (1, 2), "gelu": (0, 0), "gelu_bwd": (0, 0)}
+FLOPS = {"softmax": 5, "softmax_bwd": 4, "layernorm": 7, "layernorm_bwd": 12, "rmsnorm": 4, "rmsnorm_bwd": 8,
+         "gelu": 12, "gelu_bwd": 20}
+
+
+def op_name(kind, tag):
+    return f"{kind}_{tag}"
+
+
+def _bytes(kind):
+    def nbytes(size, itemsize=4):
+        n = int(np.prod(size))
+        rows, cols = SMALL[kind]
+        m = size[0] if len(size) == 2 else 0
+        c = size[-1] if len(size) == 2 else 0
+        return 2 * BIG_ARRAYS[kind] * n + 4 * (rows * m + cols * c)
+    return nbytes
+
+
+for _tag, _fmt in FORMATS.items():
+    for _kind, (_ref, _outs, _f32outs) in SPECS.items():
+        _row = _kind not in ("gelu", "gelu_bwd")
+
+        def _tol(size, dtype, _k=_kind, _f=_fmt):
+            return half_tol(_f, *_tol32(_k, size))
+
+        define_op(op_name(_kind, _tag), reference=_ref, make_inputs=_inputs(_fmt, _kind), chapter=19,
+                  title=f"{_kind.replace('_bwd', ' backward')} in {_fmt} storage, float32 inside",
+                  size_names=("M", "N") if _row else ("n",), kind="memory", tol=_tol, output_names=_outs,
+                  sizes=ROW_SIZES if _row else VEC_SIZES, flops=lambda s, _k=_kind: FLOPS[_k] * float(np.prod(s)),
+                  bytes=_bytes(_kind), storage=tuple("" if o in _f32outs else _fmt for o in _outs))
+
+
+# ============================================================================ CPU: NumPy in float32
+def _store(out, y32, fmt):
+    out[...] = encode(y32, fmt)
+
+
+def _f32(a):
+    a = np.asarray(a)
+    if a.dtype == np.uint16:
+        return decode(a, "bfloat16").astype(np.float32)
+    return a.astype(np.float32)
+
+
+def _cpu_numpy32(kind, fmt):
+    def run(*args):
+        nout = len(SPECS[kind][1])
+        outs, ins = args[:nout], [_f32(a) if isinstance(a, np.ndarray) else a for a in args[nout:]]
+        with np.errstate(over="ignore", invalid="ignore"):
+            if kind == "softmax":
+                (x,) = ins  # chapter 8's formula, evaluated in float32 (its rules for masked and NaN rows)
+                res = (softmax_mod.reference(x),)
+            elif kind == "softmax_bwd":
+                dy, y = ins
+                res = (y * (dy - (dy * y).sum(axis=1, keepdims=True)),)
+            elif kind == "layernorm":
+                x, g, b = ins
+                mu = x.mean(axis=1, keepdims=True)
+                r = np.float32(1) / np.sqrt(((x - mu) ** 2).mean(axis=1, keepdims=True) + np.float32(EPS))
+                res = ((x - mu) * r * g + b, mu[:, 0], r[:, 0])
+            elif kind == "rmsnorm":
+                x, g = ins
+                r = np.float32(1) / np.sqrt((x * x).mean(axis=1, keepdims=True) + np.float32(EPS))
+                res = (x * r * g, r[:, 0])
+            elif kind == "layernorm_bwd":
+                dy, x, mean, rstd, g = ins
+                xh = (x - mean[:, None]) * rstd[:, None]
+                gdy = dy * g
+                dx = rstd[:, None] * (gdy - gdy.mean(axis=1, keepdims=True)
+                                      - xh * (gdy * xh).mean(axis=1, keepdims=True))
+                res = (dx, (dy * xh).sum(axis=0), dy.sum(axis=0))
+            elif kind == "rmsnorm_bwd":
+                dy, x, rstd, g = ins
+                xh = x * rstd[:, None]
+                gdy = dy * g
+                res = (rstd[:, None] * (gdy - xh * (gdy * xh).mean(axis=1, keepdims=True)), (dy * xh).sum(axis=0))
+            elif kind == "gelu":
+                (x,) = ins
+                res = (activations.gelu_tanh_ref(x).astype(np.float32),)
+            else:
+                dy, x = ins
+                res = (activations.gelu_tanh_bwd_ref(dy, x).astype(np.float32),)
+        for k, (o, r) in enumerate(zip(outs, res)):
+            if SPECS[kind][1][k] in SPECS[kind][2]:
+                o[...] = r
+            else:
+                _store(o, np.asarray(r, np.float32), fmt)
+    return run
+
+
+for _tag, _fmt in FORMATS.items():
+    for _kind in SPECS:
+        _fn = _cpu_numpy32(_kind, _fmt)
+        _fn.__name__ = f"{_kind}_{_tag}_numpy32"
+        _fn.__doc__ = ("Decode to float32, the op's formula in NumPy in float32 (several passes, temporaries), "
+                       "one rounding to the format on the store: the semantics every GPU rung must match.")
+        register(op_name(_kind, _tag), "cpu", "numpy32", rung=1)(_fn)
+
+
+# ================================================================================== GPU: rows
+def _conv(fmt):
+    """(load, store) device functions: element of the stored array -> float32, float32 -> element."""
+    return (bf16_to_f32, f32_to_bf16) if fmt == "bfloat16" else (f16_to_f32, f32_to_f16)
+
+
+@cuda.jit(device=True, inline=True)
+def _bf16_unpack2(w):
+    # a uint32 word = elements 2j (low half: little-endian) and 2j + 1 (high half)
+    return u32_as_f32(w << U16), u32_as_f32(w & UHI16)
+
+
+@cuda.jit(device=True, inline=True)
+def _bf16_pack2(a, b):
+    return uint32(f32_to_bf16(a)) | (uint32(f32_to_bf16(b)) << U16)
+
+
+@cuda.jit(device=True, inline=True)
+def _f16_unpack2(w):
+    return f16bits_to_f32(w & ULO16), f16bits_to_f32(w >> U16)
+
+
+@cuda.jit(device=True, inline=True)
+def _f16_pack2(a, b):
+    return uint32(f32_to_f16bits(a)) | (uint32(f32_to_f16bits(b)) << U16)
+
+
+def _words(fmt):
+    return (_bf16_unpack2, _bf16_pack2) if fmt == "bfloat16" else (_f16_unpack2, _f16_pack2)
+
+
+def _arr(fmt, dims=2, vec=False):
+    t = "uint32" if vec else ("uint16" if fmt == "bfloat16" else "float16")
+    return f"{t}[{', '.join([':'] * (dims - 1) + ['::1'])}]"
+
+
+def _row_io(fmt, threads, items, vec):
+    """Device functions that move one row between global memory and a thread's registers ``v`` (float32):
+    col(k), the column of register k; load(v, x, row, fill); store(y, row, v). Element-wise (2-byte accesses,
+    value k of a thread at column tid + k*threads) or, with ``vec``, 16-byte accesses of 8 values (x and y are
+    then uint32 views, 2 values per word; group g of a row is words 4g..4g+3; register k of a thread holds
+    column 8 (tid + (k // 8) threads) + k % 8)."""
+    ld, st = _conv(fmt)
+    unpack2, pack2 = _words(fmt)
+    groups = items // 8
+
+    @cuda.jit(device=True, inline=True)
+    def col(k):
+        if vec:
+            return 8 * (cuda.threadIdx.x + (k >> 3) * threads) + (k & 7)
+        return cuda.threadIdx.x + k * threads
+
+    @cuda.jit(device=True, inline=True)
+    def ncols(x):
+        return x.shape[1] * 2 if vec else x.shape[1]
+
+    @cuda.jit(device=True, inline=True)
+    def load(v, x, row, fill):
+        tid = cuda.threadIdx.x
+        if vec:
+            ng = x.shape[1] >> 2
+            for kk in range(groups):
+                g = tid + kk * threads
+                if g < ng:
+                    a, b, c, d = load4(x, row * ng + g)
+                    v[8 * kk], v[8 * kk + 1] = unpack2(a)
+                    v[8 * kk + 2], v[8 * kk + 3] = unpack2(b)
+                    v[8 * kk + 4], v[8 * kk + 5] = unpack2(c)
+                    v[8 * kk + 6], v[8 * kk + 7] = unpack2(d)
+                else:
+                    for j in range(8):
+                        v[8 * kk + j] = fill
+        else:
+            n = x.shape[1]
+            for k in range(items):
+                c = tid + k * threads
+                v[k] = ld(x[row, c]) if c < n else fill
+
+    @cuda.jit(device=True, inline=True)
+    def store(y, row, v):
+        tid = cuda.threadIdx.x
+        if vec:
+            ng = y.shape[1] >> 2
+            for kk in range(groups):
+                g = tid + kk * threads
+                if g < ng:
+                    store4(y, row * ng + g, pack2(v[8 * kk], v[8 * kk + 1]), pack2(v[8 * kk + 2], v[8 * kk + 3]),
+                           pack2(v[8 * kk + 4], v[8 * kk + 5]), pack2(v[8 * kk + 6], v[8 * kk + 7]))
+        else:
+            n = y.shape[1]
+            for k in range(items):
+                c = tid + k * threads
+                if c < n:
+                    y[row, c] = st(v[k])
+
+    return col, ncols, load, store
+
+
+PER_THREAD = 8  # target values per thread in registers (N = 4096: 512 threads x 8)
+# No fastmath here: NVVM's fastmath sets flush-to-zero for the whole kernel, which turns the conversions into
+# cvt.ftz and zeroes every fp16 below 2^-14 (6.1e-5) and every bf16 below 2^-126, both on loading and on
+# storing; a softmax over 4096 columns has many probabilities down there. Exact exp and division cost a few
+# more instructions per element, hidden under the memory time.
+
+
+def make_softmax_kernel(fmt, threads, items, shuffle, vec=False):
+    col, ncols, load, store = _row_io(fmt, threads, items, vec)
+    nbuf = 32 if shuffle else threads
+
+    @row_jit(threads, fast=False)
+    def half_softmax_kernel(y, x):
+        # x (M,N) -> y (M,N), one block per row, the row in v (float32 registers)
+        bm = cuda.shared.array(nbuf, float32)
+        bs = cuda.shared.array(nbuf, float32)
+        row = cuda.blockIdx.x
+        v = cuda.local.array(items, float32)
+        load(v, x, row, NEG_INF)
+        mx = NEG_INF
+        for k in range(items):
+            mx = v[k] if v[k] > mx else mx
+        mx = block_max_shfl(mx, bm) if shuffle else block_max_smem(mx, bm)
+        if mx == INF or mx == NEG_INF:  # as the reference: a row with no finite maximum subtracts 0
+            mx = ZERO
+        s = ZERO
+        for k in range(items):
+            e = math.exp(v[k] - mx)  # exp(-inf) = 0 for the padding
+            v[k] = e
+            s += e
+        s = block_sum_shfl(s, bs) if shuffle else block_sum_smem(s, bs)
+        ok = s > ZERO  # a fully masked row (s = 0) or a NaN in the row (s = NaN): zeros, as the reference says
+        inv = ONE / s if ok else ZERO
+        for k in range(items):
+            v[k] = v[k] * inv if ok else ZERO
+        store(y, row, v)
+
+    return half_softmax_kernel
+
+
+def make_softmax_bwd_kernel(fmt, threads, items, shuffle, vec=False):
+    col, ncols, load, store = _row_io(fmt, threads, items, vec)
+    nbuf = 32 if shuffle else threads
+
+    @row_jit(threads, fast=False)
+    def half_softmax_bwd_kernel(dx, dy, y):
+        # dy, y (M,N) -> dx (M,N) = y (dy - <dy, y>)
+        bs = cuda.shared.array(nbuf, float32)
+        row = cuda.blockIdx.x
+        vy = cuda.local.array(items, float32)
+        vd = cuda.local.array(items, float32)
+        load(vy, y, row, ZERO)
+        load(vd, dy, row, ZERO)
+        s = ZERO
+        for k in range(items):
+            s += vy[k] * vd[k]
+        s = block_sum_shfl(s, bs) if shuffle else block_sum_smem(s, bs)
+        for k in range(items):
+            vy[k] = vy[k] * (vd[k] - s)
+        store(dx, row, vy)
+
+    return half_softmax_bwd_kernel
+
+
+def make_ln_kernel(fmt, threads, items, shuffle, vec=False):
+    col, ncols, load, store = _row_io(fmt, threads, items, vec)
+    nbuf = 32 if shuffle else threads
+
+    @row_jit(threads, fast=False)
+    def half_layernorm_kernel(y, mean, rstd, x, gamma, beta):
+        # x (M,N) -> y (M,N); mean, rstd (M,) float32; gamma, beta (N,) float32
+        b1 = cuda.shared.array(nbuf, float32)
+        b2 = cuda.shared.array(nbuf, float32)
+        tid = cuda.threadIdx.x
+        row = cuda.blockIdx.x
+        n = ncols(x)
+        v = cuda.local.array(items, float32)
+        load(v, x, row, ZERO)
+        s = ZERO
+        for k in range(items):
+            s += v[k]
+        s = block_sum_shfl(s, b1) if shuffle else block_sum_smem(s, b1)
+        mu = s / float32(n)
+        q = ZERO
+        for k in range(items):
+            if col(k) < n:
+                d = v[k] - mu
+                q += d * d
+        q = block_sum_shfl(q, b2) if shuffle else block_sum_smem(q, b2)
+        r = ONE / math.sqrt(q / float32(n) + EPS32)
+        if tid == 0:
+            mean[row] = mu
+            rstd[row] = r
+        for k in range(items):
+            c = col(k)
+            if c < n:
+                v[k] = (v[k] - mu) * r * gamma[c] + beta[c]
+        store(y, row, v)
+
+    return half_layernorm_kernel
+
+
+def make_rms_kernel(fmt, threads, items, shuffle, vec=False):
+    col, ncols, load, store = _row_io(fmt, threads, items, vec)
+    nbuf = 32 if shuffle else threads
+
+    @row_jit(threads, fast=False)
+    def half_rmsnorm_kernel(y, rstd, x, gamma):
+        # x (M,N) -> y (M,N); rstd (M,) float32; gamma (N,) float32
+        b1 = cuda.shared.array(nbuf, float32)
+        tid = cuda.threadIdx.x
+        row = cuda.blockIdx.x
+        n = ncols(x)
+        v = cuda.local.array(items, float32)
+        load(v, x, row, ZERO)
+        q = ZERO
+        for k in range(items):
+            q += v[k] * v[k]
+        q = block_sum_shfl(q, b1) if shuffle else block_sum_smem(q, b1)
+        r = ONE / math.sqrt(q / float32(n) + EPS32)
+        if tid == 0:
+            rstd[row] = r
+        for k in range(items):
+            c = col(k)
+            if c < n:
+                v[k] = v[k] * r * gamma[c]
+        store(y, row, v)
+
+    return half_rmsnorm_kernel
+
+
+def make_ln_bwd_kernel(fmt, threads, items, shuffle, vec=False):
+    col, ncols, load, store = _row_io(fmt, threads, items, vec)
+    nbuf = 32 if shuffle else threads
+
+    @row_jit(threads, fast=False)
+    def half_layernorm_bwd_kernel(dx, pg, pb, dy, x, mean, rstd, gamma):
+        # block b owns rows b, b + G, ...: dx (M,N); its partial dgamma, dbeta rows pg[b], pb[b] (G,N) float32
+        b1 = cuda.shared.array(nbuf, float32)
+        b2 = cuda.shared.array(nbuf, float32)
+        m = x.shape[0]
+        n = ncols(x)
+        vx = cuda.local.array(items, float32)
+        vd = cuda.local.array(items, float32)
+        gam = cuda.local.array(items, float32)
+        ag = cuda.local.array(items, float32)
+        ab = cuda.local.array(items, float32)
+        for k in range(items):
+            c = col(k)
+            gam[k] = gamma[c] if c < n else ZERO
+            ag[k] = ZERO
+            ab[k] = ZERO
+        for row in range(cuda.blockIdx.x, m, cuda.gridDim.x):
+            mu = mean[row]
+            r = rstd[row]
+            load(vd, dy, row, ZERO)
+            load(vx, x, row, ZERO)
+            s1 = ZERO
+            s2 = ZERO
+            for k in range(items):
+                xh = (vx[k] - mu) * r
+                d = vd[k]
+                gd = d * gam[k]
+                ag[k] += d * xh
+                ab[k] += d
+                vx[k] = xh
+                vd[k] = gd
+                s1 += gd
+                s2 += gd * xh
+            s1 = block_sum_shfl(s1, b1) if shuffle else block_sum_smem(s1, b1)
+            s2 = block_sum_shfl(s2, b2) if shuffle else block_sum_smem(s2, b2)
+            if shuffle:
+                cuda.syncthreads()  # the next row's shuffle sums reuse b1, b2
+            a1 = s1 / float32(n)
+            a2 = s2 / float32(n)
+            for k in range(items):
+                vx[k] = r * (vd[k] - a1 - vx[k] * a2)
+            store(dx, row, vx)
+        for k in range(items):
+            c = col(k)
+            if c < n:
+                pg[cuda.blockIdx.x, c] = ag[k]
+                pb[cuda.blockIdx.x, c] = ab[k]
+
+    return half_layernorm_bwd_kernel
+
+
+def make_rms_bwd_kernel(fmt, threads, items, shuffle, vec=False):
+    col, ncols, load, store = _row_io(fmt, threads, items, vec)
+    nbuf = 32 if shuffle else threads
+
+    @row_jit(threads, fast=False)
+    def half_rmsnorm_bwd_kernel(dx, pg, dy, x, rstd, gamma):
+        # block b owns rows b, b + G, ...: dx (M,N); its partial dgamma row pg[b] (G,N) float32
+        b1 = cuda.shared.array(nbuf, float32)
+        m = x.shape[0]
+        n = ncols(x)
+        vx = cuda.local.array(items, float32)
+        vd = cuda.local.array(items, float32)
+        gam = cuda.local.array(items, float32)
+        ag = cuda.local.array(items, float32)
+        for k in range(items):
+            c = col(k)
+            gam[k] = gamma[c] if c < n else ZERO
+            ag[k] = ZERO
+        for row in range(cuda.blockIdx.x, m, cuda.gridDim.x):
+            r = rstd[row]
+            load(vd, dy, row, ZERO)
+            load(vx, x, row, ZERO)
+            s2 = ZERO
+            for k in range(items):
+                xh = vx[k] * r
+                d = vd[k]
+                gd = d * gam[k]
+                ag[k] += d * xh
+                vx[k] = xh
+                vd[k] = gd
+                s2 += gd * xh
+            s2 = block_sum_shfl(s2, b1) if shuffle else block_sum_smem(s2, b1)
+            if shuffle:
+                cuda.syncthreads()  # the next row's shuffle sum reuses b1
+            a2 = s2 / float32(n)
+            for k in range(items):
+                vx[k] = r * (vd[k] - vx[k] * a2)
+            store(dx, row, vx)
+        for k in range(items):
+            c = col(k)
+            if c < n:
+                pg[cuda.blockIdx.x, c] = ag[k]
+
+    return half_rmsnorm_bwd_kernel
+
+
+@cuda.jit
+def colsum_kernel(out, parts):
+    # parts (G,N) float32 -> out (N,) = the sum over G, one thread per column (coalesced across a warp)
+    c = cuda.grid(1)
+    if c < out.size:
+        s = ZERO
+        for g in range(parts.shape[0]):
+            s += parts[g, c]
+        out[c] = s
+
+
+_gelu_dev = cuda.jit(device=True, inline=True)(activations.gelu_tanh_s)
+_gelu_bwd_dev = cuda.jit(device=True, inline=True)(activations.gelu_tanh_bwd_s)
+
+
+def make_gelu_kernel(fmt, vec=False):
+    ld, st = _conv(fmt)
+    unpack2, pack2 = _words(fmt)
+
+    if vec:
+        @cuda.jit
+        def half_gelu_vec_kernel(y, x):
+            # x, y (n/2,) uint32 words, n % 8 == 0: one 16-byte group (8 values) per thread and step
+            for g in range(cuda.grid(1), x.size >> 2, cuda.gridsize(1)):
+                a, b, c, d = load4(x, g)
+                a0, a1 = unpack2(a)
+                b0, b1 = unpack2(b)
+                c0, c1 = unpack2(c)
+                d0, d1 = unpack2(d)
+                store4(y, g, pack2(_gelu_dev(a0), _gelu_dev(a1)), pack2(_gelu_dev(b0), _gelu_dev(b1)),
+                       pack2(_gelu_dev(c0), _gelu_dev(c1)), pack2(_gelu_dev(d0), _gelu_dev(d1)))
+
+        return half_gelu_vec_kernel
+
+    @cuda.jit
+    def half_gelu_kernel(y, x):
+        # x (n,) -> y (n,), grid-stride
+        for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+            y[i] = st(_gelu_dev(ld(x[i])))
+
+    return half_gelu_kernel
+
+
+def make_gelu_bwd_kernel(fmt, vec=False):
+    ld, st = _conv(fmt)
+    unpack2, pack2 = _words(fmt)
+
+    if vec:
+        @cuda.jit
+        def half_gelu_bwd_vec_kernel(dx, dy, x):
+            for g in range(cuda.grid(1), x.size >> 2, cuda.gridsize(1)):
+                a, b, c, d = load4(x, g)
+                e, f, h, k = load4(dy, g)
+                a0, a1 = unpack2(a)
+                b0, b1 = unpack2(b)
+                c0, c1 = unpack2(c)
+                d0, d1 = unpack2(d)
+                e0, e1 = unpack2(e)
+                f0, f1 = unpack2(f)
+                h0, h1 = unpack2(h)
+                k0, k1 = unpack2(k)
+                store4(dx, g, pack2(_gelu_bwd_dev(e0, a0), _gelu_bwd_dev(e1, a1)),
+                       pack2(_gelu_bwd_dev(f0, b0), _gelu_bwd_dev(f1, b1)),
+                       pack2(_gelu_bwd_dev(h0, c0), _gelu_bwd_dev(h1, c1)),
+                       pack2(_gelu_bwd_dev(k0, d0), _gelu_bwd_dev(k1, d1)))
+
+        return half_gelu_bwd_vec_kernel
+
+    @cuda.jit
+    def half_gelu_bwd_kernel(dx, dy, x):
+        for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+            dx[i] = st(_gelu_bwd_dev(ld(dy[i]), ld(x[i])))
+
+    return half_gelu_bwd_kernel
+
+
+_MAKERS = {"softmax": make_softmax_kernel, "softmax_bwd": make_softmax_bwd_kernel, "layernorm": make_ln_kernel,
+           "rmsnorm": make_rms_kernel, "layernorm_bwd": make_ln_bwd_kernel, "rmsnorm_bwd": make_rms_bwd_kernel,
+           "gelu": make_gelu_kernel, "gelu_bwd": make_gelu_bwd_kernel}
+_kernels: dict = {}
+
+
+def kernel(kind, fmt, *cfg):
+    key = (kind, fmt, *cfg)
+    if key not in _kernels:
+        _kernels[key] = _MAKERS[kind](fmt, *cfg)
+    return _kernels[key]
+
+
+def _sig(kind, fmt, vec=False):
+    h2, h1 = _arr(fmt, 2, vec), _arr(fmt, 1, vec)
+    f2, f1 = "float32[:, ::1]", "float32[::1]"
+    return {"softmax": f"void({h2}, {h2})", "softmax_bwd": f"void({h2}, {h2}, {h2})",
+            "layernorm": f"void({h2}, {f1}, {f1}, {h2}, {f1}, {f1})",
+            "rmsnorm": f"void({h2}, {f1}, {h2}, {f1})",
+            "layernorm_bwd": f"void({h2}, {f2}, {f2}, {h2}, {h2}, {f1}, {f1}, {f1})",
+            "rmsnorm_bwd": f"void({h2}, {f2}, {h2}, {h2}, {f1}, {f1})",
+            "gelu": f"void({h1}, {h1})", "gelu_bwd": f"void({h1}, {h1}, {h1})"}[kind]
+
+
+PTX_CFG = (512, 8)  # the configuration at N = 4096 (compiled by `kernels ptx`)
+ELEMENTWISE = ("gelu", "gelu_bwd")
+
+
+def _shuffle() -> bool:
+    return not device.SIMULATED
+
+
+def _cfg(n, vec):
+    """(threads, values per thread) of a register-resident row of n values."""
+    if vec:  # groups of 8 values; values per thread a multiple of 8
+        ng = n // 8
+        if device.SIMULATED:
+            t = min(32, next_pow2(ng))
+        else:
+            t = min(1024, max(32, next_pow2(ceil_div(ng, PER_THREAD // 8))))
+        return t, 8 * next_pow2(ceil_div(ng, t))
+    cfg = row_config(n, None, PER_THREAD)
+    if cfg is None:
+        raise ValueError(f"rows of {n} elements do not fit in registers")
+    return cfg
+
+
+_scratch: dict = {}
+
+
+def _parts(g, n, which=0):
+    key = (g, n, which)
+    if key not in _scratch:
+        _scratch[key] = cuda.device_array((g, n), dtype=np.float32)
+    return _scratch[key]
+
+
+def _blocks_bwd(m):
+    if device.SIMULATED:
+        return max(1, min(m, 3))
+    return max(1, min(m, 4 * cuda.get_current_device().MULTIPROCESSOR_COUNT))
+
+
+def _words_view(a):
+    """A uint32 view of a C-contiguous 16-bit array whose last axis is a multiple of 8 (2 values per word)."""
+    return a.view(np.uint32)
+
+
+def vec_ok(kind, shape) -> bool:
+    """The 16-byte rung needs every row (or the whole vector) to be whole groups of 8 values: 16-byte aligned."""
+    return shape[len(shape) - 1] % 8 == 0  # (the simulator's shapes take no negative index)
+
+
+def _launch(kind, fmt, outs, ins, vec=False):
+    big = [a for a in (*outs, *ins) if hasattr(a, "dtype") and a.dtype in (np.uint16, np.float16)]
+    vec = vec and vec_ok(kind, ins[0].shape)
+
+    def w(a):
+        return _words_view(a) if (vec and any(a is b for b in big)) else a
+
+    outs, ins = [w(a) for a in outs], [w(a) if hasattr(a, "dtype") else a for a in ins]
+    if kind in ELEMENTWISE:
+        n = ins[-1].size * (2 if vec else 1)
+        t = 32 if device.SIMULATED else 256
+        work = n // 8 if vec else n
+        blocks = max(1, min(ceil_div(work, t), 64 if device.SIMULATED else 132 * 16))
+        kernel(kind, fmt, vec)[blocks, t](*outs, *ins)
+        return
+    m = ins[0].shape[0]
+    n = ins[0].shape[1] * (2 if vec else 1)
+    t, e = _cfg(n, vec)
+    k = kernel(kind, fmt, t, e, _shuffle(), vec)
+    if kind in ("softmax", "softmax_bwd", "layernorm", "rmsnorm"):
+        k[m, t](*outs, *ins)
+        return
+    g = _blocks_bwd(m)
+    if kind == "layernorm_bwd":
+        dx, dgamma, dbeta = outs
+        pg, pb = _parts(g, n, 0), _parts(g, n, 1)
+        k[g, t](dx, pg, pb, *ins)
+        colsum_kernel[ceil_div(n, 128), 128](dgamma, pg)
+        colsum_kernel[ceil_div(n, 128), 128](dbeta, pb)
+    else:
+        dx, dgamma = outs
+        pg = _parts(g, n)
+        k[g, t](dx, pg, *ins)
+        colsum_kernel[ceil_div(n, 128), 128](dgamma, pg)
+
+
+PREDICT = {"softmax": "x read once and y written once (4 B/element)",
+           "softmax_bwd": "dy and y read once, dx written once (6 B/element)",
+           "layernorm": "x read once, y written once (4 B/element), gamma and beta from L2",
+           "rmsnorm": "x read once, y written once (4 B/element)",
+           "layernorm_bwd": "dy and x read once, dx written once (6 B/element); the partial dgamma/dbeta rows "
+                            "(4 x 132 rows) are small beside M rows",
+           "rmsnorm_bwd": "dy and x read once, dx written once (6 B/element)",
+           "gelu": "x read once, y written once (4 B/element)",
+           "gelu_bwd": "dy and x read once, dx written once (6 B/element)"}
+
+
+def _register_gpu(kind, tag, fmt):
+    nout = len(SPECS[kind][1])
+    row = kind not in ELEMENTWISE
+
+    def rows(*args):
+        _launch(kind, fmt, args[:nout], args[nout:])
+
+    def vec16(*args):
+        _launch(kind, fmt, args[:nout], args[nout:], vec=True)
+
+    rows.__name__, vec16.__name__ = f"{kind}_{tag}_rows", f"{kind}_{tag}_vec16"
+    rows.__doc__ = (("One block per row, the row held in float32 registers after 2-byte loads, block sums by warp "
+                     "shuffles (shared-memory trees in the simulator), one rounding per stored element: "
+                     if row else
+                     "A grid-stride loop, one element per thread and step, float32 math, one rounding per store: ")
+                    + PREDICT[kind] + ". A warp's 2-byte access moves 64 B, half a 128-byte line per instruction: "
+                    "predict 75-85 % of copy bandwidth on these bytes.")
+    vec16.__doc__ = ("Rung 1 with 16-byte loads and stores: 8 values per access (4 words of 2), a warp moves 512 B "
+                     "per instruction, a quarter of rung 1's memory instructions; rows (or vectors) whose length "
+                     "is not a multiple of 8 take rung 1. Predict >= 90 % of copy bandwidth.")
+    cfg = PTX_CFG + (True,) if row else ()
+    ptx1 = [(kernel(kind, fmt, *cfg, False), _sig(kind, fmt))]
+    ptx2 = [(kernel(kind, fmt, *cfg, True), _sig(kind, fmt, True))]
+    if kind in ("layernorm_bwd", "rmsnorm_bwd"):
+        ptx1.append((colsum_kernel, "void(float32[::1], float32[:, ::1])"))
+    register(op_name(kind, tag), "gpu", "rows", rung=1, ptx=ptx1)(rows)
+    register(op_name(kind, tag), "gpu", "vec16", rung=2, ptx=ptx2)(vec16)
+
+
+for _tag, _fmt in FORMATS.items():
+    for _kind in SPECS:
+        _register_gpu(_kind, _tag, _fmt)
+
+
+# ============================================================================ GPU: torch yardsticks
+def _tv(a, fmt):
+    """torch view of a device array: bf16 bit patterns reinterpreted as torch.bfloat16, fp16 as torch.float16."""
+    import torch
+
+    from .reductions import as_torch
+
+    if fmt == "bfloat16" and a.dtype == np.uint16:
+        return as_torch(a.view(np.int16)).view(torch.bfloat16)
+    return as_torch(a)
+
+
+_views: dict = {}
+
+
+def tview(a, fmt):
+    hit = _views.get(id(a))
+    if hit is None or hit[0] is not a:
+        hit = _views[id(a)] = (a, _tv(a, fmt))
+    return hit[1]
+
+
+def _torch_fn(kind):
+    """The formula in torch a user writes, writing into the outputs (y, ...) given as the first arguments."""
+    import torch
+    import torch.nn.functional as F
+
+    def softmax(y, x):
+        y.copy_(torch.softmax(x.float(), dim=-1))
+
+    def softmax_bwd(dx, dy, y):
+        yf = y.float()
+        dyf = dy.float()
+        dx.copy_(yf * (dyf - (dyf * yf).sum(-1, keepdim=True)))
+
+    def layernorm(y, mean, rstd, x, g, b):
+        xf = x.float()
+        mu = xf.mean(-1, keepdim=True)
+        r = torch.rsqrt(((xf - mu) ** 2).mean(-1, keepdim=True) + EPS)
+        y.copy_((xf - mu) * r * g + b)
+        mean.copy_(mu[:, 0])
+        rstd.copy_(r[:, 0])
+
+    def rmsnorm(y, rstd, x, g):
+        xf = x.float()
+        r = torch.rsqrt((xf * xf).mean(-1, keepdim=True) + EPS)
+        y.copy_(xf * r * g)
+        rstd.copy_(r[:, 0])
+
+    def layernorm_bwd(dx, dgamma, dbeta, dy, x, mean, rstd, g):
+        dyf = dy.float()
+        xh = (x.float() - mean[:, None]) * rstd[:, None]
+        gd = dyf * g
+        dx.copy_(rstd[:, None] * (gd - gd.mean(-1, keepdim=True) - xh * (gd * xh).mean(-1, keepdim=True)))
+        dgamma.copy_((dyf * xh).sum(0))
+        dbeta.copy_(dyf.sum(0))
+
+    def rmsnorm_bwd(dx, dgamma, dy, x, rstd, g):
+        dyf = dy.float()
+        xh = x.float() * rstd[:, None]
+        gd = dyf * g
+        dx.copy_(rstd[:, None] * (gd - xh * (gd * xh).mean(-1, keepdim=True)))
+        dgamma.copy_((dyf * xh).sum(0))
+
+    def gelu(y, x):
+        y.copy_(F.gelu(x.float(), approximate="tanh"))
+
+    def gelu_bwd(dx, dy, x):
+        dx.copy_(torch.ops.aten.gelu_backward(dy.float(), x.float(), approximate="tanh"))
+
+    return locals()[kind]
+
+
+def _eager(kind):
+    """torch eager as a user calls it in the same precision: torch's fused CUDA kernels on the 16-bit tensors
+    (out= where torch has it; else its result copied into ours)."""
+    import torch
+    import torch.nn.functional as F
+
+    def softmax(y, x):
+        torch.ops.aten._softmax.out(x, -1, False, out=y)
+
+    def softmax_bwd(dx, dy, y):
+        torch.ops.aten._softmax_backward_data.out(dy, y, -1, y.dtype, grad_input=dx)
+
+    def layernorm(y, mean, rstd, x, g, b):
+        yy, mu, r = torch.ops.aten.native_layer_norm(x, [x.shape[1]], g.to(x.dtype), b.to(x.dtype), EPS)
+        y.copy_(yy)
+        mean.copy_(mu.view(-1))
+        rstd.copy_(r.view(-1))
+
+    def rmsnorm(y, rstd, x, g):
+        y.copy_(F.rms_norm(x, [x.shape[1]], g.to(x.dtype), EPS))
+        rstd.copy_(torch.rsqrt((x.float() ** 2).mean(-1) + EPS))
+
+    def layernorm_bwd(dx, dgamma, dbeta, dy, x, mean, rstd, g):
+        gx, gg, gb = torch.ops.aten.native_layer_norm_backward(dy, x, [x.shape[1]], mean[:, None], rstd[:, None],
+                                                                g.to(x.dtype), g.to(x.dtype), [True, True, True])
+        dx.copy_(gx)
+        dgamma.copy_(gg)
+        dbeta.copy_(gb)
+
+    def rmsnorm_bwd(dx, dgamma, dy, x, rstd, g):
+        _torch_fn("rmsnorm_bwd")(dx, dgamma, dy, x, rstd, g)
+
+    def gelu(y, x):
+        torch._C._nn.gelu(x, approximate="tanh", out=y)
+
+    def gelu_bwd(dx, dy, x):
+        torch.ops.aten.gelu_backward.grad_input(dy, x, approximate="tanh", grad_input=dx)
+
+    return locals()[kind]
+
+
+_compiled: dict = {}
+
+
+def _register_torch(kind, tag, fmt):
+    nout = len(SPECS[kind][1])
+    f32outs = SPECS[kind][2]
+
+    def views(args):
+        outs = [tview(a, "" if SPECS[kind][1][k] in f32outs else fmt) for k, a in enumerate(args[:nout])]
+        ins = [tview(a, fmt if a.dtype in (np.uint16, np.float16) else "") if hasattr(a, "dtype") else a
+               for a in args[nout:]]
+        return outs + ins
+
+    def eager(*args):
+        _eager(kind)(*views(args))
+
+    def compiled(*args):
+        import torch
+
+        if kind not in _compiled:
+            _compiled[kind] = torch.compile(_torch_fn(kind), dynamic=False)
+        _compiled[kind](*views(args))
+
+    eager.__name__, compiled.__name__ = f"{kind}_{tag}_torch", f"{kind}_{tag}_compile"
+    eager.__doc__ = ("torch eager in the same precision: torch's own CUDA kernel on the 16-bit tensors (written "
+                     "through out= for softmax and GELU; LayerNorm and RMSNorm copy torch's result into ours).")
+    compiled.__doc__ = ("torch.compile of the float32-inside formula a user writes (upcast, compute, cast back "
+                        "into the output): Inductor fuses it into one or two Triton kernels.")
+    register(op_name(kind, tag), "gpu", "torch", baseline=True, requires=torch_gpu)(eager)
+    register(op_name(kind, tag), "gpu", "compile", baseline=True, requires=torch_gpu)(compiled)
+
+
+for _tag, _fmt in FORMATS.items():
+    for _kind in SPECS:
+        _register_torch(_kind, _tag, _fmt)
+
+__all__ = ["FORMATS", "UNIT_ROUNDOFF", "MANTISSA_BITS", "MAX_FINITE", "encode", "decode", "round_to", "spacing",
+           "half_tol", "NAN16"]
