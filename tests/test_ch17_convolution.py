@@ -129,7 +129,7 @@ def test_maxpool_nan_and_padding_rules():
 
 
 def test_real_gpu_tile_shapes_in_the_simulator():
-    """The H100's configurations (implicit GEMM 64 x 128 x 8 with 128 threads, the 16 x 16 x 8 halo tile)
+    """The H100's configurations (both implicit GEMMs 64 x 128 x 8 with 128 threads, the 16 x 16 x 8 halo tile)
     on small shapes, so the kernels the GPU runs are checked where no GPU is."""
     if not device.SIMULATED:
         pytest.skip("simulator only (on a GPU the registered rungs run these shapes already)")
@@ -140,6 +140,9 @@ def test_real_gpu_tile_shapes_in_the_simulator():
         rtol, atol = conv.sum_tol(lambda s: s[1] * s[5] * s[6])(size, np.float32)
         y = poison(np.empty(ref.shape, np.float32))
         conv._implicit_gpu(y, x, w, stride, pad)
+        np.testing.assert_allclose(y, ref, rtol=rtol, atol=atol)
+        y = poison(np.empty(ref.shape, np.float32))
+        conv._implicit_vec_gpu(y, x, w, stride, pad)
         np.testing.assert_allclose(y, ref, rtol=rtol, atol=atol)
         kern = conv.tiled_kernel(size[5], size[6], stride, gpu=True)
         TILE, KB, NT = kern.geometry

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compiler import cuda, float32, njit, prange
+from ..compiler import cuda, float32, load4, njit, prange
 from .. import device
 from ..device import ceil_div
 from ..registry import define_op, exercise_op, register
@@ -785,6 +785,148 @@ def conv2d_implicit_gpu(y, x, w, stride, pad):
     w and y. Predict the speed of chapter 5's register-tiled rungs 5-8 (~20 TFLOP/s), >= 0.5x cuDNN."""
     check_args(x, w, stride, pad)
     _implicit(y, x, w, stride, pad)
+
+
+# ------------------------------------------------------------- rung 5: implicit GEMM, 16-byte shared loads
+def make_implicit_vec(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, pad=4):
+    """Rung 4 with chapter 5's shared-memory lessons (rungs 6-7): each thread's TM x TN outputs are
+    (TM/4) x (TN/4) pieces of 4 x 4, spaced a thread grid apart, and its lanes form an LR x LC grid inside a
+    warp. A thread then reads its 4 rows of A and 4 pixels of B per piece with one 16-byte ``load4`` each
+    from 16-byte aligned shared arrays (A padded by ``pad`` columns against bank conflicts on its transposed
+    stores), instead of 4 scalar loads. The B gather through the offset table is rung 4's."""
+    NT = (BM // TM) * (BN // TN)
+    TR, TC = BM // TM, BN // TN
+    QM, QN = TM // 4, TN // 4
+    WPR = TC // LC
+    MSTEP4, NSTEP4 = TR, TC  # a piece's stride (4 TR rows, 4 TC pixels) in 16-byte groups
+    BMP = BM + pad
+    BMP4, BN4 = BMP // 4, BN // 4
+    LA = BM * BK // NT
+    LB = BK * BN // NT
+    RB = NT // BN
+    SROWS = 2 * BK  # two buffers of BK rows
+    align = gemm.SMEM_ALIGN
+    assert NT % BN == 0 and BM * BK % NT == 0 and NT & (NT - 1) == 0 and LR * LC == 32
+    assert TR % LR == 0 and TC % LC == 0 and TM % 4 == 0 and TN % 4 == 0 and BMP % 4 == 0
+
+    @cuda.jit(fastmath=True)
+    def conv2d_implicit_vec_kernel(y, x, w2, tab, H, W, P, Q, stride, pad):
+        # y (N K P Q,) <- x (N C H W,) flat, w2 (K, CRS), tab (3, CRS) int32
+        K, CRS = w2.shape
+        PQ = P * Q
+        NPQ = y.size // K
+        tid = cuda.threadIdx.x & (NT - 1)
+        warp = tid // 32
+        lane = tid % 32
+        mb = ((warp // WPR) * LR + lane // LC) * 4  # first row of this thread's first 4 x 4 piece
+        nb = ((warp % WPR) * LC + lane % LC) * 4  # first pixel of it
+        row0 = cuda.blockIdx.y * BM
+        col0 = cuda.blockIdx.x * BN
+        As = cuda.shared.array((SROWS, BMP), float32, alignment=align)  # As[buf*BK + k, m] = w2[m, k]
+        Bs = cuda.shared.array((SROWS, BN), float32, alignment=align)
+        acc = cuda.local.array((TM, TN), float32)
+        rm = cuda.local.array(TM, float32)
+        rn = cuda.local.array(TN, float32)
+        ra = cuda.local.array(LA, float32)
+        rb = cuda.local.array(LB, float32)
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = float32(0.0)
+        bc = tid % BN
+        br = tid // BN
+        pix = col0 + bc
+        valid = pix < NPQ
+        n = pix // PQ
+        pq = pix % PQ
+        h0 = (pq // Q) * stride - pad
+        w0 = (pq % Q) * stride - pad
+        base = n * (x.size // (NPQ // PQ)) + h0 * W + w0
+        ntiles = (CRS + BK - 1) // BK
+        for t in range(ntiles + 1):
+            if t < ntiles:
+                k0 = t * BK
+                for s in range(LA):
+                    e = tid + s * NT
+                    m = e // BK
+                    kk = e % BK
+                    ra[s] = w2[row0 + m, k0 + kk] if (row0 + m < K and k0 + kk < CRS) else float32(0.0)
+                for s in range(LB):
+                    crs = k0 + br + s * RB
+                    v = float32(0.0)
+                    if valid and crs < CRS:
+                        h = h0 + tab[1, crs]
+                        ww = w0 + tab[2, crs]
+                        if 0 <= h < H and 0 <= ww < W:
+                            v = x[base + tab[0, crs]]
+                    rb[s] = v
+            if t >= 1:
+                kb = ((t - 1) & 1) * BK
+                for kk in range(BK):
+                    for p in range(QM):
+                        a0, a1, a2, a3 = load4(As, (kb + kk) * BMP4 + mb // 4 + p * MSTEP4)
+                        rm[4 * p] = a0
+                        rm[4 * p + 1] = a1
+                        rm[4 * p + 2] = a2
+                        rm[4 * p + 3] = a3
+                    for p in range(QN):
+                        b0, b1, b2, b3 = load4(Bs, (kb + kk) * BN4 + nb // 4 + p * NSTEP4)
+                        rn[4 * p] = b0
+                        rn[4 * p + 1] = b1
+                        rn[4 * p + 2] = b2
+                        rn[4 * p + 3] = b3
+                    for i in range(TM):
+                        for j in range(TN):
+                            acc[i, j] += rm[i] * rn[j]
+            if t < ntiles:
+                sb = (t & 1) * BK
+                for s in range(LA):
+                    e = tid + s * NT
+                    As[sb + e % BK, e // BK] = ra[s]
+                for s in range(LB):
+                    Bs[sb + br + s * RB, bc] = rb[s]
+            cuda.syncthreads()
+        for pn in range(QN):
+            for qn in range(4):
+                c = col0 + nb + pn * 4 * TC + qn
+                if c < NPQ:
+                    nn = c // PQ
+                    pp = c % PQ
+                    for p in range(QM):
+                        for q in range(4):
+                            m = row0 + mb + p * 4 * TR + q
+                            if m < K:
+                                y[(nn * K + m) * PQ + pp] = acc[4 * p + q, 4 * pn + qn]
+
+    def launch(y, x, w, stride, pad):
+        N, K, P, Q = y.shape
+        _, C, H, W = x.shape
+        R, S = w.shape[2], w.shape[3]
+        if y.size == 0:
+            return
+        tab = offset_table(C, R, S, H, W)
+        conv2d_implicit_vec_kernel[(ceil_div(N * P * Q, BN), ceil_div(K, BM)), NT](
+            y.reshape(y.size), x.reshape(x.size), w.reshape(K, C * R * S), tab, H, W, P, Q, stride, pad)
+
+    launch.kernel = conv2d_implicit_vec_kernel
+    launch.config = dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, LR=LR, LC=LC, pad=pad, threads=NT)
+    return launch
+
+
+IMPLICIT_VEC_GPU = dict(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8)  # 128 threads, 2 x 2 pieces each
+IMPLICIT_VEC_SIM = dict(BM=16, BN=32, BK=4, TM=4, TN=4, LR=4, LC=8)  # 32 threads, one 4 x 4 piece each
+_implicit_vec_gpu = make_implicit_vec(**IMPLICIT_VEC_GPU)
+_implicit_vec = make_implicit_vec(**IMPLICIT_VEC_SIM) if device.SIMULATED else _implicit_vec_gpu
+
+
+@register("conv2d", "gpu", "implicit_vec", rung=5, ptx=[(_implicit_vec_gpu.kernel, SIG_IMPLICIT)],
+          bytes=lambda s, b: conv_bytes(s, b) + 2 * s[1] * s[5] * s[6] * 4 * s[4] // 64)
+def conv2d_implicit_vec_gpu(y, x, w, stride, pad):
+    """Rung 4 with 16-byte shared-memory loads: each thread's 8 x 8 outputs are 2 x 2 pieces of 4 x 4, so its
+    8 values of A and 8 of B per k come in 4 ``ld.shared.v4`` instead of 16 scalar loads, from aligned, padded
+    shared arrays with a warp-aware lane layout (chapter 5's rungs 6-7, which took the GEMM from 7 to 27
+    TFLOP/s). Predict ~2x rung 4 if its inner loop was bound by shared loads."""
+    check_args(x, w, stride, pad)
+    _implicit_vec(y, x, w, stride, pad)
 
 
 # --------------------------------------------------------------------------------------- conv1d GPU
