@@ -23,7 +23,7 @@ import numpy as np
 from ..compiler import cuda, float32, load4, njit, prange, store4
 from .. import device
 from ..device import ceil_div
-from ..registry import define_op, register
+from ..registry import define_op, exercise_op, register
 from . import histogram as hist_mod
 from . import scan as scan_mod
 from . import sort as sort_mod
@@ -646,3 +646,61 @@ def combine_bwd_gpu(dY, dw, dout, Y, w, slot_row, sorted_ids):
         combine_bwd_dy_kernel[(ceil_div(n, t), P), t](dY, dout, w, sorted_ids)
     if w.size:
         combine_bwd_dw_kernel[w.size, 32](dw, dout, Y, slot_row)
+
+
+# ------------------------------------------------------------------------- chapter 18's exercise ops
+def reference_offsets(counts, B, cap):
+    """offsets (E+1,): offsets[e] = sum over experts before e of the kept count rounded up to B; offsets[E] is
+    the padded total (kept = min(count, cap) when cap > 0)."""
+    kept = np.minimum(counts, cap) if cap > 0 else counts
+    return np.concatenate([[0], np.cumsum(-(-kept // B) * B)]).astype(np.int32)
+
+
+def make_inputs_offsets(size, dtype, rng):
+    E, B, cap, skew = size
+    ids = make_routing(max(1, 3 * E), E, 1, skew, rng)
+    return np.bincount(ids.reshape(-1), minlength=E).astype(np.int32), int(B), int(cap)
+
+
+def make_edge_inputs_offsets(size, dtype, rng):
+    """Empty experts, counts that are exact multiples of B, one more than a multiple, and one big count."""
+    counts, B, cap = make_inputs_offsets(size, dtype, rng)
+    pool = np.array([0, B, B + 1, 2 * B - 1, 0, 1, 50 * B + 3])
+    return pool[rng.integers(0, pool.size, counts.size)].astype(np.int32), B, cap
+
+
+exercise_op("moe_offsets", reference=reference_offsets, make_inputs=make_inputs_offsets, chapter=18,
+            title="padded expert offsets: an exclusive scan of counts rounded up to B", size_names=("E", "B", "cap", "skew"),
+            kind="memory", output_names=("offsets",), tol=(0.0, 0.0), edge_inputs=make_edge_inputs_offsets,
+            flops=lambda s: 0, bytes=lambda s, b: 8 * s[0],
+            sizes={"check": [(1, 4, 0, 0), (7, 4, 0, 1), (64, 16, 0, 2), (13, 8, 3, 1)],
+                   "check_sim": [(1, 4, 0, 0), (7, 4, 0, 1)], "bench": [(64, 128, 0, 0)]})
+
+
+def reference_slot_rows(ids, offsets, cap):
+    """slot_row (S,): the row of each slot in the padded layout (moe_align's fourth output), -1 if dropped."""
+    T, k = ids.shape
+    E = offsets.size - 1
+    flat = ids.reshape(-1)
+    out = np.full(T * k, -1, np.int32)
+    for e in range(E):
+        mine = np.flatnonzero(flat == e)
+        if cap > 0:
+            mine = mine[:cap]
+        out[mine] = offsets[e] + np.arange(mine.size)
+    return out
+
+
+def make_inputs_slot_rows(size, dtype, rng):
+    T, E, k, B, cap, skew = size
+    ids = make_routing(T, E, k, skew, rng)
+    counts = np.bincount(ids.reshape(-1), minlength=E)
+    return ids, reference_offsets(counts, B, cap), int(cap)
+
+
+exercise_op("moe_slot_rows", reference=reference_slot_rows, make_inputs=make_inputs_slot_rows, chapter=18,
+            title="the stable scatter of slots into their experts' padded rows",
+            size_names=("T", "E", "k", "B", "cap", "skew"), kind="memory", output_names=("slot_row",),
+            tol=(0.0, 0.0), flops=lambda s: 0, bytes=lambda s, b: 8 * s[0] * s[2],
+            sizes={"check": [(1, 1, 1, 4, 0, 0), (7, 3, 3, 4, 0, 1), (100, 7, 2, 8, 0, 1), (60, 5, 1, 4, 7, 2)],
+                   "check_sim": [(1, 1, 1, 4, 0, 0), (7, 3, 3, 4, 0, 1)], "bench": [(1000, 8, 2, 16, 0, 0)]})

@@ -39,7 +39,7 @@ import numpy as np
 from ..compiler import cuda, float32, int64, load4, njit, prange, store4
 from .. import device
 from ..device import ceil_div
-from ..registry import define_op, register
+from ..registry import define_op, exercise_op, register
 from . import activations
 from .moe_align import align_cpu, align_gpu, combine_prange, combine_vec_gpu, reference_align
 from .moe_route import (EPS32, F2, I1, _buf, make_routing, padded_rows, quantized, reference_router,
@@ -763,3 +763,28 @@ def layer_torch_loop_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
 
     torch.backends.cuda.matmul.allow_tf32 = False
     _torch_loop(out, x, Wr, Wg, Wu, W2, k, renorm, torch_view)
+
+
+# ------------------------------------------------------------------ chapter 18's predict-then-measure exercise
+def reference_gemm_time(counts, B, d, n, gflops):
+    """Predicted microseconds of a grouped GEMM at ``gflops`` GFLOP/s: us[0] counts the S useful rows only
+    (a kernel that skips padding, like the CPU rung), us[1] every padded row (each expert's count rounded
+    up to B, what a GPU kernel of B-row blocks computes)."""
+    rows = counts.sum()
+    padded = (-(-counts // B) * B).sum()
+    return np.array([2.0 * rows * d * n, 2.0 * padded * d * n]) / (gflops * 1e3)
+
+
+def make_inputs_gemm_time(size, dtype, rng):
+    E, skew = size
+    T = int(rng.integers(1, 5000))
+    ids = make_routing(T, E, 1, skew, rng)
+    counts = np.bincount(ids.reshape(-1), minlength=E).astype(np.int32)
+    return (counts, int(rng.choice([16, 64, 128])), int(rng.integers(64, 4097)), int(rng.integers(64, 4097)),
+            float(rng.uniform(1.0, 50000.0)))
+
+
+exercise_op("moe_gemm_time_prediction", reference=reference_gemm_time, make_inputs=make_inputs_gemm_time,
+            chapter=18, title="a grouped GEMM's time from the rows it computes", size_names=("E", "skew"),
+            kind="compute", output_names=("us",), tol=(1e-6, 0.0), flops=lambda s: 0, bytes=lambda s, b: 0,
+            sizes={"check": [(1, 0), (8, 0), (64, 1), (7, 2)], "check_sim": [(8, 0)], "bench": [(8, 0)]})
