@@ -134,6 +134,15 @@ MUTANTS = [
     ("ch17_convolution", "q2", "stride ignored across columns", "v = (j % Q) * stride - pad + s", "v = (j % Q) - pad + s"),
     ("ch17_convolution", "q3", "padding counts as 0", "acc = float32(-np.inf)", "acc = float32(0.0)"),
     ("ch17_convolution", "q3", "NaN ignored", "if a > acc or a != a:", "if a > acc:"),
+    ("ch18_moe", "q1", "counts not rounded up to B", "run += (c + B - 1) // B * B", "run += c"),
+    ("ch18_moe", "q1", "rounded down", "run += (c + B - 1) // B * B", "run += c // B * B"),
+    ("ch18_moe", "q1", "capacity ignored", "if cap > 0 and c > cap:", "if False:"),
+    ("ch18_moe", "q2", "slots walked backwards (later tokens first)", "for t in range(T):", "for t in range(T - 1, -1, -1):"),
+    ("ch18_moe", "q2", "capacity off by one", "if cap > 0 and taken[e] >= cap:", "if cap > 0 and taken[e] > cap:"),
+    ("ch18_moe", "q3", "dropped slot read", "if r >= 0:", "if True:"),
+    ("ch18_moe", "q3", "first choice's weight for every slot", "acc += w[t, j] * Y[r, c]", "acc += w[t, 0] * Y[r, c]"),
+    ("ch18_moe", "q4", "padding not rounded up", "padded += (counts[e] + B - 1) // B * B", "padded += counts[e]"),
+    ("ch18_moe", "q4", "one FLOP per multiply-add", "us[0] = 2.0 * rows * d * n", "us[0] = rows * d * n"),
 ]
 
 
