@@ -8,6 +8,7 @@ import pytest
 from kernels_src import device
 from kernels_src.ops import moe_align as al
 from kernels_src.ops import moe_gemm as gg
+from kernels_src.ops import moe_layer as ly
 from kernels_src.ops import moe_route as rt
 from kernels_src.parity import poison
 
@@ -44,12 +45,12 @@ def test_nan_rule_routes_to_first_experts_and_stays_in_its_token():
     _, w_ref, ids_ref = rt.reference_router(x.astype(np.float64), Wr.astype(np.float64), k, renorm)
     assert np.array_equal(ids, ids_ref)
     # the whole layer: the NaN token's output is NaN, every other token's is finite and unchanged
-    xl, Wr2, Wg, Wu, W2, k2, rn = gg.make_inputs_layer((6, 8, 4, 5, 2), np.float32, rng)
+    xl, Wr2, Wg, Wu, W2, k2, rn = ly.make_inputs_layer((6, 8, 4, 5, 2), np.float32, rng)
     out = poison(np.empty((6, 8), np.float32))
-    gg.layer_cpu_course(out, xl, Wr2, Wg, Wu, W2, k2, rn)
+    ly.layer_cpu_course(out, xl, Wr2, Wg, Wu, W2, k2, rn)
     xl[3, 0] = np.nan
     out2 = poison(np.empty((6, 8), np.float32))
-    gg.layer_cpu_course(out2, xl, Wr2, Wg, Wu, W2, k2, rn)
+    ly.layer_cpu_course(out2, xl, Wr2, Wg, Wu, W2, k2, rn)
     assert np.isnan(out2[3]).all()
     assert np.array_equal(out2[clean], out[clean])
 
@@ -202,13 +203,33 @@ def test_layer_matches_torch_loop_on_the_gpu():
     if not ok:
         pytest.skip(why)
     rng = np.random.default_rng(6)
-    args = gg.make_inputs_layer((512, 256, 384, 8, 2), np.float32, rng)
+    args = ly.make_inputs_layer((512, 256, 384, 8, 2), np.float32, rng)
     cuda = device.cuda
     d = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
     a = cuda.device_array((512, 256), np.float32)
     b = cuda.device_array((512, 256), np.float32)
-    gg.layer_gpu_course(a, *d)
+    ly.layer_gpu_course(a, *d)
     v.fn(b, *d)
-    ref = gg.reference_layer(*[x.astype(np.float64) if isinstance(x, np.ndarray) else x for x in args])
+    ref = ly.reference_layer(*[x.astype(np.float64) if isinstance(x, np.ndarray) else x for x in args])
     np.testing.assert_allclose(a.copy_to_host(), ref, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(b.copy_to_host(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("renorm", [0, 1])
+def test_layer_backward_reference_by_directional_differences(renorm):
+    """d/dh of sum(dout * out) along a random direction, for each input, against the reference's gradients
+    (continuous random inputs: no two logits close enough for a step of 1e-6 to change the routing)."""
+    rng = np.random.default_rng(7 + renorm)
+    T, d, f, E, k = 9, 6, 5, 4, 2
+    args = [rng.standard_normal((T, d)), rng.standard_normal((d, E)), rng.standard_normal((E, d, f)) / 2,
+            rng.standard_normal((E, d, f)) / 2, rng.standard_normal((E, f, d)) / 2]
+    dout = rng.standard_normal((T, d))
+    grads = ly.reference_layer_bwd(dout, *args, k, renorm)
+    h = 1e-6
+    for i, g in enumerate(grads):
+        v = rng.standard_normal(args[i].shape)
+        plus = [a + h * v if j == i else a for j, a in enumerate(args)]
+        minus = [a - h * v if j == i else a for j, a in enumerate(args)]
+        fd = (np.sum(dout * ly.reference_layer(*plus, k, renorm))
+              - np.sum(dout * ly.reference_layer(*minus, k, renorm))) / (2 * h)
+        assert np.isclose(np.sum(g * v), fd, rtol=1e-5, atol=1e-6), i

@@ -11,12 +11,10 @@ Letters and the padded slot layout are defined in moe_route.py's docstring.
                         -> dX (T,d) = sum over the token's slots of dY[row] @ W[e]^T,
                            dW (E,d,n) = sum over expert e's rows of X[token]^T dY[row]   (a K-grouped product:
                            the reduction runs over a different number of rows for each expert; 0 if empty)
-  moe_layer             x (T,d), Wr (d,E), Wg, Wu (E,d,f), W2 (E,f,d), k, renorm -> out (T,d)
-                        router -> align -> grouped gate and up products -> SwiGLU -> grouped down product
-                        -> weighted combine. out[t] = sum_j w[t,j] * (silu(x_t Wg[e]) * (x_t Wu[e])) @ W2[e]
+  (the whole layer, forward and backward, is in moe_layer.py)
 
 Cost: the grouped GEMM does 2*S*d*n useful FLOPs (S = T*k slots; padding rows are computed and wasted: at
-most E*(B-1) rows); the layer 6*S*d*f plus the router's 2*T*d*E.
+most E*(B-1) rows).
 
 Ladder (moe_grouped_gemm)
   cpu/prange      rung 1  prange over row blocks: gather the block's rows, multiply by its expert (ikj loops)
@@ -28,22 +26,15 @@ Ladder (moe_grouped_gemm)
 Ladder (moe_grouped_gemm_bwd): cpu/prange rung 1; gpu/smem rung 1 (dX: the transposed product per row block,
   then a fixed-order sum over each token's k rows; dW: a block per (tile of dW, expert) walking that expert's
   rows in order: deterministic, no atomics).
-Ladder (moe_layer): cpu/torch_loop and gpu/torch_loop baselines (the loop over experts a user writes:
-  where, gather, three products, index_add_); cpu/course rung 1 and gpu/course rung 1 (the course's kernels
-  above, no host synchronisation between them: every buffer is sized by the bound P).
 """
-import math
-
 import numpy as np
 
 from ..compiler import cuda, float32, int64, load4, njit, prange, store4
 from .. import device
 from ..device import ceil_div
 from ..registry import define_op, exercise_op, register
-from . import activations
-from .moe_align import align_cpu, align_gpu, combine_prange, combine_vec_gpu, reference_align
-from .moe_route import (EPS32, F2, I1, _buf, make_routing, padded_rows, quantized, reference_router,
-                        router_gpu, router_prange, row_block)
+from .moe_align import reference_align
+from .moe_route import F2, I1, _buf, make_routing, row_block
 
 SMEM_ALIGN = None if device.SIMULATED else 16
 
@@ -492,10 +483,11 @@ def grouped_bwd_cpu(dX, dW, dY, X, W, sorted_ids, block_expert, offsets, slot_ro
     grouped_bwd_prange(dX, dW, dY, X, W, sorted_ids, offsets, slot_row, k)
 
 
-def make_dw_kernel(TILE):
+def make_dw_kernel(TILE, gather=True):
     @cuda.jit
     def grouped_dw_kernel(dW, dY, X, sorted_ids, offsets, k, S):
-        # grid (n/TILE, d/TILE, E): dW[e, i, c] = sum over expert e's rows r of X[token(r), i] * dY[r, c]
+        # grid (n/TILE, d/TILE, E): dW[e, i, c] = sum over expert e's rows r of A[r, i] * dY[r, c], where
+        # A[r] = X[token(r)] (gather) or X[r] (X already in the padded layout)
         As = cuda.shared.array((TILE, TILE), float32)
         Bs = cuda.shared.array((TILE, TILE), float32)
         tx = cuda.threadIdx.x
@@ -509,7 +501,8 @@ def make_dw_kernel(TILE):
         for r0 in range(offsets[e], offsets[e + 1], TILE):  # empty expert: no trips, dW[e] = 0
             r = r0 + ty
             s = sorted_ids[r] if r < offsets[e + 1] else S
-            As[ty, tx] = X[s // k, i0 + tx] if s < S and i0 + tx < d else float32(0.0)
+            src = s // k if gather else r
+            As[ty, tx] = X[src, i0 + tx] if s < S and i0 + tx < d else float32(0.0)
             Bs[ty, tx] = dY[r, c] if s < S and c < n else float32(0.0)
             cuda.syncthreads()
             for kk in range(TILE):
@@ -539,11 +532,11 @@ def sum_slots_kernel(dX, dXp, slot_row):
 _dw: dict = {}
 
 
-def dw_kernel():
+def dw_kernel(gather=True):
     T = TILE_SIM if device.SIMULATED else TILE_GPU
-    if T not in _dw:
-        _dw[T] = make_dw_kernel(T)
-    return _dw[T], T
+    if (T, gather) not in _dw:
+        _dw[(T, gather)] = make_dw_kernel(T, gather)
+    return _dw[(T, gather)], T
 
 
 def grouped_bwd_gpu(dX, dW, dY, X, W, sorted_ids, block_expert, offsets, slot_row, k):
@@ -571,198 +564,6 @@ def grouped_bwd_gpu_smem(dX, dW, dY, X, W, sorted_ids, block_expert, offsets, sl
     empty expert's blocks write zeros and stop). Rung-3-class kernels: predict ~15-20 % of the dense
     warptile GEMM; a warptile dW would need the K loop over gathered rows (the exercise of this rung)."""
     grouped_bwd_gpu(dX, dW, dY, X, W, sorted_ids, block_expert, offsets, slot_row, k)
-
-
-# ------------------------------------------------------------------------------------------ the layer
-def _silu(g):
-    return g / (1.0 + np.exp(-g))
-
-
-def reference_layer(x, Wr, Wg, Wu, W2, k, renorm):
-    """float64: route, then each token's k experts' SwiGLU MLPs, weighted by the router."""
-    _, w, ids = reference_router(x, Wr, k, renorm)
-    T, d = x.shape
-    out = np.zeros((T, W2.shape[2]))
-    for e in range(Wg.shape[0]):
-        t, j = np.nonzero(ids == e)
-        if t.size:
-            xe = x[t]
-            with np.errstate(over="ignore", invalid="ignore"):
-                h = _silu(xe @ Wg[e]) * (xe @ Wu[e])
-            np.add.at(out, t, w[t, j][:, None] * (h @ W2[e]))
-    return out
-
-
-def make_inputs_layer(size, dtype, rng):
-    """x and Wr quantized (exact logits: the router's tie rule decides, not rounding); expert weights scaled
-    by 1/sqrt(fan-in), so every intermediate is O(1)."""
-    T, d, f, E, k = size
-    x = quantized((T, d), rng, 0.25, 2.0)
-    Wr = quantized((d, E), rng, 1 / 16, 1.0)
-    Wg = (rng.standard_normal((E, d, f)) / math.sqrt(d)).astype(np.float32)
-    Wu = (rng.standard_normal((E, d, f)) / math.sqrt(d)).astype(np.float32)
-    W2 = (rng.standard_normal((E, f, d)) / math.sqrt(f)).astype(np.float32)
-    return x, Wr, Wg, Wu, W2, int(k), 1
-
-
-def make_edge_inputs_layer(size, dtype, rng):
-    """A NaN in some tokens' x: those tokens' outputs are NaN (the NaN rule), every other token's is not."""
-    x, Wr, Wg, Wu, W2, k, renorm = make_inputs_layer(size, dtype, rng)
-    T = x.shape[0]
-    for t in rng.permutation(T)[: max(1, T // 5)]:
-        x[t, rng.integers(0, x.shape[1])] = np.nan
-    return x, Wr, Wg, Wu, W2, k, renorm
-
-
-def layer_tol(size, dtype):
-    """Three chained products of length d, f and the k-term combine: ~(sqrt(d) + sqrt(f)) eps of O(1) values."""
-    T, d, f, E, k = size
-    return (1e-5, 16 * EPS32 * (math.sqrt(d) + math.sqrt(f)) + 1e-6)
-
-
-LAYER_SIZES = {"check": [(1, 4, 4, 1, 1), (7, 8, 12, 3, 3), (33, 16, 20, 7, 2), (100, 32, 24, 13, 4),
-                         (64, 20, 8, 8, 8)],
-               "check_sim": [(1, 4, 4, 1, 1), (6, 8, 8, 3, 2), (9, 4, 8, 5, 5)],
-               "bench": [(512, 256, 512, 8, 2)],
-               "bench_gpu": [(4096, 1024, 3584, 8, 2), (4096, 1024, 512, 64, 8), (1, 1024, 3584, 8, 2),
-                             (64, 1024, 3584, 8, 2)],
-               "bench_sim": [(6, 8, 8, 3, 2)]}
-
-define_op("moe_layer", reference=reference_layer, make_inputs=make_inputs_layer, chapter=18,
-          title="MoE layer forward (router, align, grouped SwiGLU experts, combine)",
-          size_names=("T", "d", "f", "E", "k"), kind="compute", tol=layer_tol, output_names=("out",),
-          sizes=LAYER_SIZES, edge_inputs=make_edge_inputs_layer,
-          flops=lambda s: 6 * s[0] * s[4] * s[1] * s[2] + 2 * s[0] * s[1] * s[3],
-          bytes=lambda s, b: (2 * s[0] * s[1] + s[1] * s[3] + 3 * s[3] * s[1] * s[2]) * b)
-
-
-def _layer_bufs(prefix, T, d, f, E, k, B, host):
-    S = T * k
-    P = padded_rows(S, E, B)
-    if host:
-        def mk(name, shape, dt):
-            return np.empty(shape, dt)
-    else:
-        def mk(name, shape, dt):
-            return _buf(prefix + name, int(np.prod(shape)), dt).reshape(shape)
-    return dict(logits=mk("lg", (T, E), np.float32), w=mk("w", (T, k), np.float32),
-                ids=mk("ids", (T, k), np.int32), sorted_ids=mk("si", (P,), np.int32),
-                block_expert=mk("be", (P // B,), np.int32), offsets=mk("off", (E + 1,), np.int32),
-                slot_row=mk("sr", (S,), np.int32), G=mk("G", (P, f), np.float32), U=mk("U", (P, f), np.float32),
-                H=mk("H", (P, f), np.float32), Y=mk("Y", (P, d), np.float32))
-
-
-def layer_cpu(out, x, Wr, Wg, Wu, W2, k, renorm, B=16):
-    T, d = x.shape
-    E, _, f = Wg.shape
-    S = T * k
-    b = _layer_bufs("", T, d, f, E, k, B, True)
-    router_prange(b["logits"], b["w"], b["ids"], x, Wr, k, renorm)
-    align_cpu(b["sorted_ids"], b["block_expert"], b["offsets"], b["slot_row"], b["ids"], E, B, 0)
-    grouped_prange(b["G"], x, Wg, b["sorted_ids"], b["block_expert"], k, S, True)
-    grouped_prange(b["U"], x, Wu, b["sorted_ids"], b["block_expert"], k, S, True)
-    activations.CPU_LOOPS["swiglu"](b["H"].reshape(-1), b["G"].reshape(-1), b["U"].reshape(-1))
-    grouped_prange(b["Y"], b["H"], W2, b["sorted_ids"], b["block_expert"], k, S, False)
-    combine_prange(out, b["Y"], b["w"], b["slot_row"])
-    return b
-
-
-@register("moe_layer", "cpu", "course", rung=1)
-def layer_cpu_course(out, x, Wr, Wg, Wu, W2, k, renorm):
-    """The course's CPU kernels in a row: router (prange), align (chapter 15's histogram, scan and radix
-    sort), grouped gate and up products, SwiGLU (chapter 6's loop), grouped down product, combine. The
-    grouped products are unblocked ikj loops: predict chapter 5's ikj/prange rate, far below torch's BLAS."""
-    layer_cpu(out, x, Wr, Wg, Wu, W2, k, renorm)
-
-
-def layer_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
-    T, d = x.shape
-    E, _, f = Wg.shape
-    S = T * k
-    if T == 0:
-        return None
-    wt, wt_direct = warptile(True), warptile(False)
-    B = wt.BM
-    b = _layer_bufs("layer_", T, d, f, E, k, B, False)
-    router_gpu(b["logits"], b["w"], b["ids"], x, Wr, k, renorm)
-    align_gpu(b["sorted_ids"], b["block_expert"], b["offsets"], b["slot_row"], b["ids"], E, B, 0)
-    wt(b["G"], x, Wg, b["sorted_ids"], b["block_expert"], k, S)
-    wt(b["U"], x, Wu, b["sorted_ids"], b["block_expert"], k, S)
-    n = b["H"].size
-    th = 32 if device.SIMULATED else 256
-    activations.GPU_KERNELS["swiglu"][ceil_div(n, th), th](b["H"].reshape(n), b["G"].reshape(n),
-                                                           b["U"].reshape(n))
-    wt_direct(b["Y"], b["H"], W2, b["sorted_ids"], b["block_expert"], k, S)
-    combine_vec_gpu(out, b["Y"], b["w"], b["slot_row"])
-    return b
-
-
-@register("moe_layer", "gpu", "course", rung=1,
-          ptx=[(make_warptile(**WARPTILE_GPU, gather=True).kernel, SIG_WT)])
-def layer_gpu_course(out, x, Wr, Wg, Wu, W2, k, renorm):
-    """Router (a thread per token), align (chapter 15's GPU histogram, scans and radix sort), two grouped
-    warptile products (gate, up) with the gather in the load, chapter 6's SwiGLU kernel, the grouped down
-    product, the 16-byte combine. No host synchronisation: every buffer is sized by the bound P. At
-    T 4096, d 1024, f 3584, E 8, k 2 the products are 180 GFLOP: predict ~5 ms at rung 2's ~35 TFLOP/s,
-    against the torch loop's 5.7 ms (its products run on cuBLAS): near 1x, not 1.5x. With 64 experts of
-    f 512 the loop is launch-bound (17 ms measured): predict >= 5x there."""
-    layer_gpu(out, x, Wr, Wg, Wu, W2, k, renorm)
-
-
-def _torch_loop(out, x, Wr, Wg, Wu, W2, k, renorm, to):
-    """The loop over experts a user writes (torch eager)."""
-    import torch
-
-    tx = to(x)
-    logits = tx @ to(Wr)
-    p = torch.softmax(logits, dim=-1)
-    w, ids = torch.sort(p, dim=-1, descending=True, stable=True)  # torch.topk's order among ties is unspecified
-    w, ids = w[:, :k], ids[:, :k]
-    if renorm:
-        w = w / w.sum(dim=-1, keepdim=True)
-    res = torch.zeros_like(tx)
-    tWg, tWu, tW2 = to(Wg), to(Wu), to(W2)
-    for e in range(Wg.shape[0]):
-        tok, j = torch.where(ids == e)
-        if tok.numel() == 0:  # a host synchronisation per expert, as in the usual loop
-            continue
-        xe = tx[tok]
-        h = torch.nn.functional.silu(xe @ tWg[e]) * (xe @ tWu[e])
-        res.index_add_(0, tok, (h @ tW2[e]) * w[tok, j].unsqueeze(1))
-    to(out).copy_(res)
-
-
-def _torch_cpu():
-    from .cpu_baselines import torch_cpu
-
-    return torch_cpu()
-
-
-def _torch_gpu():
-    from .reductions import torch_gpu
-
-    return torch_gpu()
-
-
-@register("moe_layer", "cpu", "torch_loop", baseline=True, requires=_torch_cpu)
-def layer_torch_loop_cpu(out, x, Wr, Wg, Wu, W2, k, renorm):
-    """torch eager on the CPU: softmax, a stable sort for the top-k (the tie rule), then for each expert
-    where / gather / gate, up and down products / index_add_."""
-    import torch
-
-    _torch_loop(out, x, Wr, Wg, Wu, W2, k, renorm, lambda a: torch.from_numpy(a))
-
-
-@register("moe_layer", "gpu", "torch_loop", baseline=True, requires=_torch_gpu)
-def layer_torch_loop_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
-    """torch eager on the GPU, the same loop (cuBLAS products, TF32 off as everywhere in the course's
-    benches; one host synchronisation per expert in ``tok.numel()``)."""
-    import torch
-
-    from .reductions import torch_view
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    _torch_loop(out, x, Wr, Wg, Wu, W2, k, renorm, torch_view)
 
 
 # ------------------------------------------------------------------ chapter 18's predict-then-measure exercise
