@@ -129,7 +129,7 @@ def test_maxpool_nan_and_padding_rules():
 
 
 def test_real_gpu_tile_shapes_in_the_simulator():
-    """The H100's configurations (both implicit GEMMs 64 x 128 x 8 with 128 threads, the 16 x 16 x 8 halo tile)
+    """The H100's configurations (implicit GEMM 64 x 128 x 8 and 64 x 256 x 8 with 128 threads, the 16 x 16 x 8 halo tile)
     on small shapes, so the kernels the GPU runs are checked where no GPU is."""
     if not device.SIMULATED:
         pytest.skip("simulator only (on a GPU the registered rungs run these shapes already)")
@@ -143,6 +143,9 @@ def test_real_gpu_tile_shapes_in_the_simulator():
         np.testing.assert_allclose(y, ref, rtol=rtol, atol=atol)
         y = poison(np.empty(ref.shape, np.float32))
         conv._implicit_vec_gpu(y, x, w, stride, pad)
+        np.testing.assert_allclose(y, ref, rtol=rtol, atol=atol)
+        y = poison(np.empty(ref.shape, np.float32))  # a thread per pixel column (rung 5 has two per thread)
+        conv.make_implicit_vec(BM=64, BN=128, BK=8, TM=8, TN=8)(y, x, w, stride, pad)
         np.testing.assert_allclose(y, ref, rtol=rtol, atol=atol)
         kern = conv.tiled_kernel(size[5], size[6], stride, gpu=True)
         TILE, KB, NT = kern.geometry

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compiler import cuda, float32, load4, njit, prange
+from ..compiler import cuda, float32, int64 as cuda_int64, load4, njit, prange
 from .. import device
 from ..device import ceil_div
 from ..registry import define_op, exercise_op, register
@@ -788,12 +788,14 @@ def conv2d_implicit_gpu(y, x, w, stride, pad):
 
 
 # ------------------------------------------------------------- rung 5: implicit GEMM, 16-byte shared loads
-def make_implicit_vec(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, pad=4):
+def make_implicit_vec(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, pad=4, unroll=1, minblocks=None):
     """Rung 4 with chapter 5's shared-memory lessons (rungs 6-7): each thread's TM x TN outputs are
     (TM/4) x (TN/4) pieces of 4 x 4, spaced a thread grid apart, and its lanes form an LR x LC grid inside a
     warp. A thread then reads its 4 rows of A and 4 pixels of B per piece with one 16-byte ``load4`` each
     from 16-byte aligned shared arrays (A padded by ``pad`` columns against bank conflicts on its transposed
-    stores), instead of 4 scalar loads. The B gather through the offset table is rung 4's."""
+    stores), instead of 4 scalar loads. The B gather through the offset table is rung 4's; a thread gathers
+    for one pixel column (NT >= BN) or for BN / NT of them (NT < BN). ``unroll`` k steps of the inner loop
+    are written out (a constant trip count the compiler unrolls), ``minblocks`` sets launch bounds."""
     NT = (BM // TM) * (BN // TN)
     TR, TC = BM // TM, BN // TN
     QM, QN = TM // 4, TN // 4
@@ -802,19 +804,26 @@ def make_implicit_vec(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, pad=4):
     BMP = BM + pad
     BMP4, BN4 = BMP // 4, BN // 4
     LA = BM * BK // NT
+    CPT = max(1, BN // NT)  # pixel columns each thread gathers for
+    RB = max(1, NT // BN)  # rows between a thread's gathers in one column
     LB = BK * BN // NT
-    RB = NT // BN
     SROWS = 2 * BK  # two buffers of BK rows
+    UNROLL = unroll
     align = gemm.SMEM_ALIGN
-    assert NT % BN == 0 and BM * BK % NT == 0 and NT & (NT - 1) == 0 and LR * LC == 32
-    assert TR % LR == 0 and TC % LC == 0 and TM % 4 == 0 and TN % 4 == 0 and BMP % 4 == 0
+    assert (NT % BN == 0 or BN % NT == 0) and BM * BK % NT == 0 and NT & (NT - 1) == 0 and LR * LC == 32
+    assert TR % LR == 0 and TC % LC == 0 and TM % 4 == 0 and TN % 4 == 0 and BMP % 4 == 0 and BK % unroll == 0
+    assert LB == CPT * (BK // RB)
+    opts = dict(fastmath=True)
+    if minblocks:
+        opts["launch_bounds"] = (NT, minblocks)
 
-    @cuda.jit(fastmath=True)
+    @gemm._jit(**opts)
     def conv2d_implicit_vec_kernel(y, x, w2, tab, H, W, P, Q, stride, pad):
         # y (N K P Q,) <- x (N C H W,) flat, w2 (K, CRS), tab (3, CRS) int32
         K, CRS = w2.shape
         PQ = P * Q
         NPQ = y.size // K
+        CHW = x.size // (NPQ // PQ)
         tid = cuda.threadIdx.x & (NT - 1)
         warp = tid // 32
         lane = tid % 32
@@ -829,18 +838,24 @@ def make_implicit_vec(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, pad=4):
         rn = cuda.local.array(TN, float32)
         ra = cuda.local.array(LA, float32)
         rb = cuda.local.array(LB, float32)
+        gbase = cuda.local.array(CPT, cuda_int64)  # per gathered column: n C H W + h0 W + w0
+        gh0 = cuda.local.array(CPT, cuda_int64)
+        gw0 = cuda.local.array(CPT, cuda_int64)
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = float32(0.0)
-        bc = tid % BN
-        br = tid // BN
-        pix = col0 + bc
-        valid = pix < NPQ
-        n = pix // PQ
-        pq = pix % PQ
-        h0 = (pq // Q) * stride - pad
-        w0 = (pq % Q) * stride - pad
-        base = n * (x.size // (NPQ // PQ)) + h0 * W + w0
+        br = tid // BN if NT >= BN else 0
+        for u in range(CPT):
+            pix = col0 + (tid % BN if NT >= BN else tid + u * NT)
+            n = pix // PQ
+            pq = pix % PQ
+            h0 = (pq // Q) * stride - pad
+            w0 = (pq % Q) * stride - pad
+            if pix >= NPQ:
+                h0 = -(1 << 30)  # an invalid pixel: every tap fails the bounds test
+            gh0[u] = h0
+            gw0[u] = w0
+            gbase[u] = n * CHW + h0 * W + w0
         ntiles = (CRS + BK - 1) // BK
         for t in range(ntiles + 1):
             if t < ntiles:
@@ -850,40 +865,44 @@ def make_implicit_vec(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, pad=4):
                     m = e // BK
                     kk = e % BK
                     ra[s] = w2[row0 + m, k0 + kk] if (row0 + m < K and k0 + kk < CRS) else float32(0.0)
-                for s in range(LB):
-                    crs = k0 + br + s * RB
-                    v = float32(0.0)
-                    if valid and crs < CRS:
-                        h = h0 + tab[1, crs]
-                        ww = w0 + tab[2, crs]
-                        if 0 <= h < H and 0 <= ww < W:
-                            v = x[base + tab[0, crs]]
-                    rb[s] = v
+                for u in range(CPT):
+                    for s in range(BK // RB):
+                        crs = k0 + br + s * RB
+                        v = float32(0.0)
+                        if crs < CRS:
+                            h = gh0[u] + tab[1, crs]
+                            ww = gw0[u] + tab[2, crs]
+                            if 0 <= h < H and 0 <= ww < W:
+                                v = x[gbase[u] + tab[0, crs]]
+                        rb[u * (BK // RB) + s] = v
             if t >= 1:
                 kb = ((t - 1) & 1) * BK
-                for kk in range(BK):
-                    for p in range(QM):
-                        a0, a1, a2, a3 = load4(As, (kb + kk) * BMP4 + mb // 4 + p * MSTEP4)
-                        rm[4 * p] = a0
-                        rm[4 * p + 1] = a1
-                        rm[4 * p + 2] = a2
-                        rm[4 * p + 3] = a3
-                    for p in range(QN):
-                        b0, b1, b2, b3 = load4(Bs, (kb + kk) * BN4 + nb // 4 + p * NSTEP4)
-                        rn[4 * p] = b0
-                        rn[4 * p + 1] = b1
-                        rn[4 * p + 2] = b2
-                        rn[4 * p + 3] = b3
-                    for i in range(TM):
-                        for j in range(TN):
-                            acc[i, j] += rm[i] * rn[j]
+                for k1 in range(0, BK, UNROLL):
+                    for uu in range(UNROLL):  # a constant trip count: unrolled
+                        kk = kb + k1 + uu
+                        for p in range(QM):
+                            a0, a1, a2, a3 = load4(As, kk * BMP4 + mb // 4 + p * MSTEP4)
+                            rm[4 * p] = a0
+                            rm[4 * p + 1] = a1
+                            rm[4 * p + 2] = a2
+                            rm[4 * p + 3] = a3
+                        for p in range(QN):
+                            b0, b1, b2, b3 = load4(Bs, kk * BN4 + nb // 4 + p * NSTEP4)
+                            rn[4 * p] = b0
+                            rn[4 * p + 1] = b1
+                            rn[4 * p + 2] = b2
+                            rn[4 * p + 3] = b3
+                        for i in range(TM):
+                            for j in range(TN):
+                                acc[i, j] += rm[i] * rn[j]
             if t < ntiles:
                 sb = (t & 1) * BK
                 for s in range(LA):
                     e = tid + s * NT
                     As[sb + e % BK, e // BK] = ra[s]
-                for s in range(LB):
-                    Bs[sb + br + s * RB, bc] = rb[s]
+                for u in range(CPT):
+                    for s in range(BK // RB):
+                        Bs[sb + br + s * RB, (tid % BN if NT >= BN else tid + u * NT)] = rb[u * (BK // RB) + s]
             cuda.syncthreads()
         for pn in range(QN):
             for qn in range(4):
@@ -908,11 +927,15 @@ def make_implicit_vec(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, pad=4):
             y.reshape(y.size), x.reshape(x.size), w.reshape(K, C * R * S), tab, H, W, P, Q, stride, pad)
 
     launch.kernel = conv2d_implicit_vec_kernel
-    launch.config = dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, LR=LR, LC=LC, pad=pad, threads=NT)
+    launch.config = dict(BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, LR=LR, LC=LC, pad=pad, threads=NT, unroll=unroll,
+                         minblocks=minblocks)
     return launch
 
 
-IMPLICIT_VEC_GPU = dict(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8)  # 128 threads, 2 x 2 pieces each
+# 64 filters x 128 pixels, 8 x 8 outputs (2 x 2 pieces) per thread, the k loop unrolled by 2. (cuDNN's own FP32
+# kernel at the bench shape has 256 x 64 tiles, 128 outputs per thread: a 128-float accumulator, which Numba's
+# compiler puts in local memory; see book/data/bench/h100/cudnn_conv2d.json)
+IMPLICIT_VEC_GPU = dict(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, unroll=2)
 IMPLICIT_VEC_SIM = dict(BM=16, BN=32, BK=4, TM=4, TN=4, LR=4, LC=8)  # 32 threads, one 4 x 4 piece each
 _implicit_vec_gpu = make_implicit_vec(**IMPLICIT_VEC_GPU)
 _implicit_vec = make_implicit_vec(**IMPLICIT_VEC_SIM) if device.SIMULATED else _implicit_vec_gpu
@@ -921,10 +944,11 @@ _implicit_vec = make_implicit_vec(**IMPLICIT_VEC_SIM) if device.SIMULATED else _
 @register("conv2d", "gpu", "implicit_vec", rung=5, ptx=[(_implicit_vec_gpu.kernel, SIG_IMPLICIT)],
           bytes=lambda s, b: conv_bytes(s, b) + 2 * s[1] * s[5] * s[6] * 4 * s[4] // 64)
 def conv2d_implicit_vec_gpu(y, x, w, stride, pad):
-    """Rung 4 with 16-byte shared-memory loads: each thread's 8 x 8 outputs are 2 x 2 pieces of 4 x 4, so its
-    8 values of A and 8 of B per k come in 4 ``ld.shared.v4`` instead of 16 scalar loads, from aligned, padded
-    shared arrays with a warp-aware lane layout (chapter 5's rungs 6-7, which took the GEMM from 7 to 27
-    TFLOP/s). Predict ~2x rung 4 if its inner loop was bound by shared loads."""
+    """Rung 4 with 16-byte shared-memory loads: each thread's 8 x 8 outputs are 2 x 2 pieces of 4 x 4, so its 8
+    values of A and 8 of B per k come in 4 ``ld.shared.v4`` instead of 16 scalar loads, from aligned, padded
+    shared arrays with a warp-aware lane layout, and the k loop is unrolled by 2 (chapter 5's rungs 6-7, which
+    took the GEMM from 7 to 27 TFLOP/s). Rung 4's profile had the FMA pipe busy 29 % of the time against
+    cuDNN's 64 %, issuing twice cuDNN's instructions for the same FMAs: predict ~1.5x rung 4, >= 0.5x cuDNN."""
     check_args(x, w, stride, pad)
     _implicit_vec(y, x, w, stride, pad)
 
