@@ -934,7 +934,7 @@ def make_implicit_vec(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, pad=4, unroll
 
 # 64 filters x 128 pixels, 8 x 8 outputs (2 x 2 pieces) per thread, the k loop unrolled by 2. (cuDNN's own FP32
 # kernel at the bench shape has 256 x 64 tiles, 128 outputs per thread: a 128-float accumulator, which Numba's
-# compiler puts in local memory; see book/data/bench/h100/cudnn_conv2d.json)
+# compiler puts in local memory; see book/data/bench/h100/conv2d_cudnn.json)
 IMPLICIT_VEC_GPU = dict(BM=64, BN=128, BK=8, TM=8, TN=8, LR=4, LC=8, unroll=2)
 IMPLICIT_VEC_SIM = dict(BM=16, BN=32, BK=4, TM=4, TN=4, LR=4, LC=8)  # 32 threads, one 4 x 4 piece each
 _implicit_vec_gpu = make_implicit_vec(**IMPLICIT_VEC_GPU)
