@@ -11,6 +11,10 @@ plays the role ("gemm", "attention", ...) for this call's shape, dtype and devic
 
 The model keeps no table of its own; ``kernels dispatch --explain train|decode`` prints what each call gets.
 
+With ``Config(experts=E)`` each block's MLP is chapter 18's MoE layer. The dispatcher has no MoE role yet, so
+those calls go straight to the layer's rungs (``moe_layer/{cpu,gpu}/course`` and ``moe_layer_bwd``), not
+through a role; training works, decoding with the KV cache does not (it raises).
+
 N = B*T token rows, C width, H heads of D, F = 4C, V vocabulary. Shapes are written where they are used.
 """
 from __future__ import annotations
@@ -123,14 +127,14 @@ class GPT:
         self.cfg = cfg
         self.be = be = backend(be) if isinstance(be, str) else be
         shapes = param_shapes(cfg)
-        names = [n for n in shapes if len(shapes[n]) == 2] + [n for n in shapes if len(shapes[n]) == 1]
+        names = [n for n in shapes if len(shapes[n]) >= 2] + [n for n in shapes if len(shapes[n]) == 1]
         self.names, self.shapes, self.offsets = names, shapes, {}
         o = 0
         for n in names:
             self.offsets[n] = (o, o + int(np.prod(shapes[n])))
             o = self.offsets[n][1]
         self.n_params = o
-        self.n_matrix = max(self.offsets[n][1] for n in names if len(shapes[n]) == 2)
+        self.n_matrix = max(self.offsets[n][1] for n in names if len(shapes[n]) >= 2)
         flat = np.concatenate([np.asarray(params[n], np.float32).ravel() for n in names])
         self.flat = be.asarray(flat)
         self.gflat = be.empty(o)
@@ -140,6 +144,7 @@ class GPT:
         cos, sin = cos_sin_cache(cfg.ctx, cfg.head_dim)
         self.cos, self.sin = be.asarray(cos), be.asarray(sin)
         self.step = 0
+        self.expert_load = None  # MoE: set to a list to record each forward's tokens per expert, per layer
 
     def _views(self, flat):
         return {n: flat[a:b].reshape(self.shapes[n]) for n, (a, b) in self.offsets.items()}
@@ -184,17 +189,20 @@ class GPT:
             a.update(q=q, k=k, v=v, o=o, lse=lse, om=om, xm=xm)
             a["r2"], a["h2"] = be.ws(f"{i}.r2", (N,)), be.ws(f"{i}.h2", (N, C))
             be("add_rmsnorm", xm, a["h2"], a["r2"], att, x, p[f"h{i}.g2"])  # xm = att + x (residual), h2
-            u, gl = be.ws(f"{i}.u", (N, F)), be.ws(f"{i}.gl", (N, F))
-            be("gemm", u, a["h2"], p[f"h{i}.wfc"])                       # (N,F)
-            be("gelu", gl.reshape(-1), u.reshape(-1))
             mlp = be.ws(f"{i}.mlp", (N, C))
-            be("gemm", mlp, gl, p[f"h{i}.wproj"])                        # (N,C)
+            if cfg.experts:  # chapter 18: router, align, grouped SwiGLU experts, combine
+                self._moe_forward(i, mlp, a["h2"])
+            else:
+                u, gl = be.ws(f"{i}.u", (N, F)), be.ws(f"{i}.gl", (N, F))
+                be("gemm", u, a["h2"], p[f"h{i}.wfc"])                   # (N,F)
+                be("gelu", gl.reshape(-1), u.reshape(-1))
+                be("gemm", mlp, gl, p[f"h{i}.wproj"])                    # (N,C)
+                a.update(u=u, gl=gl)
             x = be.ws(f"{i}.xout", (N, C))
             last = i + 1 == cfg.layers  # x = mlp + xm (residual), then the next norm: layer i+1's or the final
             hn, rn = (be.ws("xf", (N, C)), be.ws("rf", (N,))) if last else (be.ws(f"{i + 1}.h1", (N, C)),
                                                                           be.ws(f"{i + 1}.r1", (N,)))
             be("add_rmsnorm", x, hn, rn, mlp, xm, p["gf"] if last else p[f"h{i + 1}.g1"])
-            a.update(u=u, gl=gl)
         act["xL"] = x
         act["rf"], act["xf"] = be.ws("rf", (N,)), be.ws("xf", (N, C))
         logits = be.ws("logits", (N, V))
@@ -226,14 +234,16 @@ class GPT:
         be("rmsnorm_bwd", dx, g["gf"], dxf, act["xL"], act["rf"], p["gf"])
         for i in reversed(range(cfg.layers)):
             a = act[i]
-            # MLP branch: x = xm + gelu(h2 Wfc) Wproj
-            mm_dw(be, g[f"h{i}.wproj"], a["gl"], dx)
-            dgl, du = be.ws("dgl", (N, F)), be.ws("du", (N, F))
-            mm_dx(be, dgl, dx, p[f"h{i}.wproj"])
-            be("gelu_bwd", du.reshape(-1), dgl.reshape(-1), a["u"].reshape(-1))
-            mm_dw(be, g[f"h{i}.wfc"], a["h2"], du)
             dh = be.ws("dh", (N, C))
-            mm_dx(be, dh, du, p[f"h{i}.wfc"])
+            if cfg.experts:  # MoE branch: x = xm + moe(h2); moe_layer_bwd recomputes the layer's forward
+                self._moe_backward(i, dh, dx, a["h2"])
+            else:  # MLP branch: x = xm + gelu(h2 Wfc) Wproj
+                mm_dw(be, g[f"h{i}.wproj"], a["gl"], dx)
+                dgl, du = be.ws("dgl", (N, F)), be.ws("du", (N, F))
+                mm_dx(be, dgl, dx, p[f"h{i}.wproj"])
+                be("gelu_bwd", du.reshape(-1), dgl.reshape(-1), a["u"].reshape(-1))
+                mm_dw(be, g[f"h{i}.wfc"], a["h2"], du)
+                mm_dx(be, dh, du, p[f"h{i}.wfc"])
             be("rmsnorm_bwd", dn, g[f"h{i}.g2"], dh, a["xm"], a["r2"], p[f"h{i}.g2"])
             add(be, dx, dn, dx)
             # attention branch: xm = x + merge(o) Wo
@@ -252,6 +262,29 @@ class GPT:
         demb = be.ws("demb", (V, C))
         be("embedding_bwd", demb, act["ids"], dx, V)
         add(be, g["wte"], demb, g["wte"])
+
+    # ------------------------------------------------------------------------------------ MoE blocks
+    def _moe_weights(self, i, src):
+        return src[f"h{i}.wr"], src[f"h{i}.wg"], src[f"h{i}.wu"], src[f"h{i}.w2"]
+
+    def _moe_forward(self, i, out, h):
+        """out (N,C) = moe(h): chapter 18's layer rung for this backend (no dispatcher role yet)."""
+        from ..ops import moe_layer
+
+        fn = moe_layer.layer_gpu if self.be.gpu else moe_layer.layer_cpu
+        bufs = fn(out, h, *self._moe_weights(i, self.p), self.cfg.topk, 1)
+        if self.expert_load is not None:
+            ids = self.be.host(bufs["ids"]).reshape(-1)
+            while len(self.expert_load) <= i:
+                self.expert_load.append([])
+            self.expert_load[i].append(np.bincount(ids, minlength=self.cfg.experts))
+
+    def _moe_backward(self, i, dh, dout, h):
+        """dh (N,C) and the layer's weight gradients (into self.g) from dout (N,C)."""
+        from ..ops import moe_layer
+
+        fn = moe_layer.layer_bwd_gpu if self.be.gpu else moe_layer.layer_bwd_cpu
+        fn(dh, *self._moe_weights(i, self.g), dout, h, *self._moe_weights(i, self.p), self.cfg.topk, 1)
 
     def _dloss(self, N):
         key = ("dloss", N)
@@ -276,6 +309,8 @@ class GPT:
     # --------------------------------------------------------------------------------- decoding
     def new_cache(self, batch=1):
         cfg, be = self.cfg, self.be
+        if cfg.experts:
+            raise NotImplementedError("decoding with the KV cache is not built for the MoE model yet (chapter 18)")
         shape = (batch, cfg.heads, cfg.ctx, cfg.head_dim)
         return [(be.asarray(np.zeros(shape, np.float32)), be.asarray(np.zeros(shape, np.float32)))
                 for _ in range(cfg.layers)]
@@ -368,6 +403,8 @@ class GPT:
         """Pack every matrix for the dequantizing GEMV (chapter 11): W (K,N) is stored GGML's way, one
         packed row per output column (W^T quantized along K). The tied head packs wte (V,C) as it is.
         Returns (fmt, {name: packed}) for decode_step and the dequantized fp32 weights (a dict)."""
+        if self.cfg.experts:
+            raise NotImplementedError("quantized decoding is not built for the MoE model yet (chapter 18)")
         be = self.be
         bb = {"q8_0": 34, "q4_0": 18}[fmt]
         packed, deq = {}, {}

@@ -12,6 +12,11 @@ width, V vocabulary, N = B*T token rows.
         h   = rmsnorm(x) * g2
         x   = x + gelu(h @ Wfc) @ Wproj           (B,T,F) -> (B,T,C)
     logits = (rmsnorm(x) * gf) @ wte^T            (B,T,V)    tied LM head
+
+With ``Config(experts=E, topk=k)`` every block's MLP is a Mixture-of-Experts layer instead (chapter 18): a
+router Wr (C,E) sends each token to its top-k experts (softmax weights renormalised over the k), expert e is
+a SwiGLU MLP (Wg, Wu (C,F), W2 (F,C)), and the token gets the weighted sum of its k experts' outputs:
+        x   = x + moe(h)                          (kernels_src.ops.moe_layer.reference_layer)
     loss   = mean over tokens of -log softmax(logits)[target]
 
 Parameters live in a dict name -> float64 array; ``backward`` returns a dict of the same names.
@@ -24,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops.activations import gelu_bwd_ref, gelu_ref
+from ..ops.moe_layer import reference_layer as moe_ref
+from ..ops.moe_layer import reference_layer_bwd as moe_bwd_ref
 from ..ops.norms import EPS
 from ..ops.rope import cos_sin_cache
 
@@ -36,6 +43,8 @@ class Config:
     heads: int = 4         # H (D = C / H)
     layers: int = 2        # L
     mlp: int = 4           # F = mlp * C
+    experts: int = 0       # E > 0: every block's MLP is a Mixture of Experts of E SwiGLU experts of width F
+    topk: int = 2          # k experts per token (the router's weights renormalised over the k)
 
     @property
     def head_dim(self):
@@ -47,8 +56,12 @@ def param_shapes(cfg: Config) -> dict:
     C, F = cfg.width, cfg.mlp * cfg.width
     shapes = {"wte": (cfg.vocab, C)}
     for i in range(cfg.layers):
-        shapes.update({f"h{i}.g1": (C,), f"h{i}.wqkv": (C, 3 * C), f"h{i}.wo": (C, C),
-                       f"h{i}.g2": (C,), f"h{i}.wfc": (C, F), f"h{i}.wproj": (F, C)})
+        shapes.update({f"h{i}.g1": (C,), f"h{i}.wqkv": (C, 3 * C), f"h{i}.wo": (C, C), f"h{i}.g2": (C,)})
+        if cfg.experts:
+            E = cfg.experts
+            shapes.update({f"h{i}.wr": (C, E), f"h{i}.wg": (E, C, F), f"h{i}.wu": (E, C, F), f"h{i}.w2": (E, F, C)})
+        else:
+            shapes.update({f"h{i}.wfc": (C, F), f"h{i}.wproj": (F, C)})
     shapes["gf"] = (C,)
     return shapes
 
@@ -62,7 +75,7 @@ def init_params(cfg: Config, seed: int = 0) -> dict:
         if len(shape) == 1:
             p[name] = np.ones(shape)
         else:
-            std = 0.02 / math.sqrt(2 * cfg.layers) if name.endswith(("wo", "wproj")) else 0.02
+            std = 0.02 / math.sqrt(2 * cfg.layers) if name.endswith(("wo", "wproj", "w2")) else 0.02
             p[name] = rng.normal(0.0, std, shape)
     return p
 
@@ -144,9 +157,12 @@ class ReferenceGPT:
             c["xm"] = x
             h2, c["r2"] = rms_fwd(x, p[f"h{i}.g2"])
             c["h2"] = h2
-            c["u"] = u = h2 @ p[f"h{i}.wfc"]
-            c["a"] = a = gelu_ref(u)
-            x = x + a @ p[f"h{i}.wproj"]
+            if cfg.experts:
+                x = x + moe_ref(h2.reshape(B * T, C), *self._moe(i), cfg.topk, 1).reshape(B, T, C)
+            else:
+                c["u"] = u = h2 @ p[f"h{i}.wfc"]
+                c["a"] = a = gelu_ref(u)
+                x = x + a @ p[f"h{i}.wproj"]
             cache["layers"].append(c)
         cache["xL"] = x
         xf, cache["rf"] = rms_fwd(x, p["gf"])
@@ -157,6 +173,10 @@ class ReferenceGPT:
             return logits, None
         loss, self.dlogits = cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
         return logits, loss
+
+    def _moe(self, i):
+        p = self.p
+        return p[f"h{i}.wr"], p[f"h{i}.wg"], p[f"h{i}.wu"], p[f"h{i}.w2"]
 
     def backward(self):
         cfg, p, cache = self.cfg, self.p, self.cache
@@ -171,12 +191,16 @@ class ReferenceGPT:
         dx, g["gf"] = rms_bwd(dxf, cache["xL"], cache["rf"], p["gf"])
         for i in reversed(range(cfg.layers)):
             c = cache["layers"][i]
-            # MLP branch: x = xm + gelu(h2 Wfc) Wproj
-            g[f"h{i}.wproj"] = c["a"].reshape(-1, c["a"].shape[-1]).T @ dx.reshape(-1, C)
-            da = dx @ p[f"h{i}.wproj"].T
-            du = gelu_bwd_ref(da, c["u"])
-            g[f"h{i}.wfc"] = c["h2"].reshape(-1, C).T @ du.reshape(-1, du.shape[-1])
-            dh2 = du @ p[f"h{i}.wfc"].T
+            if cfg.experts:  # MoE branch: x = xm + moe(h2)
+                dh2, g[f"h{i}.wr"], g[f"h{i}.wg"], g[f"h{i}.wu"], g[f"h{i}.w2"] = moe_bwd_ref(
+                    dx.reshape(B * T, C), c["h2"].reshape(B * T, C), *self._moe(i), cfg.topk, 1)
+                dh2 = dh2.reshape(B, T, C)
+            else:  # MLP branch: x = xm + gelu(h2 Wfc) Wproj
+                g[f"h{i}.wproj"] = c["a"].reshape(-1, c["a"].shape[-1]).T @ dx.reshape(-1, C)
+                da = dx @ p[f"h{i}.wproj"].T
+                du = gelu_bwd_ref(da, c["u"])
+                g[f"h{i}.wfc"] = c["h2"].reshape(-1, C).T @ du.reshape(-1, du.shape[-1])
+                dh2 = du @ p[f"h{i}.wfc"].T
             dxn, g[f"h{i}.g2"] = rms_bwd(dh2, c["xm"], c["r2"], p[f"h{i}.g2"])
             dx = dx + dxn
             # attention branch: xm = x + merge(o) Wo
@@ -199,9 +223,10 @@ class ReferenceGPT:
 
 
 def adamw_step(params, grads, m, v, step, lr, beta1=0.9, beta2=0.95, eps=1e-8, wd=0.1):
-    """float64 AdamW (decoupled decay on matrices only, as GPT-2 trainers do), in place."""
+    """float64 AdamW (decoupled decay on matrices only, as GPT-2 trainers do; the MoE experts' stacked
+    matrices count as matrices), in place."""
     for k in params:
-        wd_k = wd if params[k].ndim == 2 else 0.0
+        wd_k = wd if params[k].ndim >= 2 else 0.0
         m[k] = beta1 * m[k] + (1 - beta1) * grads[k]
         v[k] = beta2 * v[k] + (1 - beta2) * grads[k] ** 2
         mh, vh = m[k] / (1 - beta1 ** step), v[k] / (1 - beta2 ** step)

@@ -1,0 +1,56 @@
+"""Chapter 18's MoE option of the capstone GPT (Config(experts=E, topk=k)): the same checks as the dense model
+(tests/test_ch13_capstone.py) against the float64 reference model, with the same stated tolerances: logits,
+loss and every gradient on a fixed batch (CPU, and the GPU backend in the simulator), and an AdamW trajectory."""
+import numpy as np
+import pytest
+
+from kernels_src.model.gpt import GPT, backend
+from kernels_src.model.reference import Config, ReferenceGPT, adamw_step, param_shapes
+from test_ch13_capstone import TRAJ_RTOL, _batch, _compare, _params
+
+CFG = Config(vocab=29, ctx=16, width=32, heads=2, layers=2, mlp=2, experts=4, topk=2)
+
+
+def test_moe_params_replace_the_mlp():
+    shapes = param_shapes(CFG)
+    assert "h0.wfc" not in shapes and shapes["h1.wg"] == (4, 32, 64) and shapes["h0.wr"] == (32, 4)
+    assert shapes["h0.w2"] == (4, 64, 32)
+
+
+def test_moe_fixed_batch_cpu():
+    p = _params(CFG)
+    ids, tg = _batch(CFG, 2, 11)
+    model = GPT(CFG, p, "cpu")
+    model.expert_load = []
+    _compare(model, ReferenceGPT(CFG, p), ids, tg)
+    loads = np.array(model.expert_load)  # (layers, forwards, E)
+    assert loads.shape == (2, 1, 4) and np.all(loads.sum(axis=2) == 2 * 11 * 2)  # every token, k slots
+
+
+@pytest.mark.slow
+def test_moe_fixed_batch_gpu_simulated():
+    from kernels_src import device
+
+    if not device.GPU_VARIANTS_RUN:
+        pytest.skip(device.REASON)
+    cfg = Config(vocab=7, ctx=8, width=16, heads=2, layers=1, mlp=1, experts=3, topk=2)
+    p = _params(cfg)
+    ids, tg = _batch(cfg, 1, 5)
+    _compare(GPT(cfg, p, backend("gpu")), ReferenceGPT(cfg, p), ids, tg)
+
+
+def test_moe_adamw_trajectory_10_steps():
+    p = _params(CFG)
+    model, ref = GPT(CFG, p, "cpu"), ReferenceGPT(CFG, p)
+    m = {k: np.zeros_like(v) for k, v in ref.p.items()}
+    v = {k: np.zeros_like(x) for k, x in ref.p.items()}
+    hyper = dict(beta1=0.9, beta2=0.95, eps=1e-8, wd=0.1)
+    ids, tg = _batch(CFG, 2, 12)
+    losses = []
+    for step in range(1, 11):
+        loss_r, grads = ref.loss_and_grads(ids, tg)
+        adamw_step(ref.p, grads, m, v, step, 1e-3, **hyper)
+        loss = model.train_step(ids, tg, 1e-3, **hyper)
+        assert abs(loss - loss_r) <= TRAJ_RTOL * abs(loss_r), (step, loss, loss_r)
+        losses.append(loss)
+    assert losses[-1] < losses[0]
