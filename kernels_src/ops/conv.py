@@ -211,7 +211,7 @@ define_op("conv1d", reference=reference_1d, make_inputs=make_inputs_1d, chapter=
                            (1, 2, 5, 3, 9, 1, 4), (3, 5, 257, 6, 3, 1, 1), (2, 4, 1000, 8, 31, 3, 15)],
                  "check_sim": [(1, 1, 1, 1, 1, 1, 0), (1, 1, 37, 1, 5, 1, 2), (2, 3, 41, 2, 7, 2, 3),
                                (1, 2, 5, 3, 9, 1, 4)],
-                 "bench": [(16, 64, 4096, 64, 5, 1, 2)], "bench_gpu": [(64, 256, 4096, 256, 5, 1, 2)],
+                 "bench": [(16, 64, 4096, 64, 5, 1, 2)], "bench_gpu": [(16, 256, 4096, 256, 5, 1, 2)],
                  "bench_sim": [(1, 2, 41, 2, 5, 1, 2)]})
 
 define_op("conv2d_bwd_dx", reference=reference_dx, make_inputs=make_inputs_dx, chapter=17,
@@ -987,24 +987,29 @@ def conv1d_direct_gpu(y, x, w, stride, pad):
 
 HALO_MAX = 64  # the shared tile holds TILE1D * stride + HALO_MAX inputs; longer filters go in HALO_MAX steps
 TILE1D_GPU, TILE1D_SIM = 256, 16
+KB1D_GPU, KB1D_SIM = 8, 2  # output channels per block: one staged input span serves KB filters
 
 
-def make_tiled1d(TILE, STRIDE):
+def make_tiled1d(TILE, STRIDE, KB):
     SH = (TILE - 1) * STRIDE + HALO_MAX  # inputs one chunk of taps needs: the tile's plus a halo
 
     @cuda.jit(fastmath=True)
     def conv1d_tiled_kernel(y, x, w, pad):
-        # block (tile, k, n): outputs [p0, p0 + TILE) of channel k of image n; the input span and its halo of
-        # up to HALO_MAX - 1 taps sits in shared memory; a filter longer than that is done HALO_MAX taps at a time
+        # block (tile, kgroup, n): outputs [p0, p0 + TILE) of channels [k0, k0 + KB) of image n. The input span
+        # and its halo of up to HALO_MAX - 1 taps, and the KB filters' taps, sit in shared memory; a filter
+        # longer than that is done HALO_MAX taps at a time
         N, K, P = y.shape
         C, L = x.shape[1], x.shape[2]
         R = w.shape[2]
         p0 = cuda.blockIdx.x * TILE
-        k = cuda.blockIdx.y
+        k0 = cuda.blockIdx.y * KB
         n = cuda.blockIdx.z
         t = cuda.threadIdx.x
         xs = cuda.shared.array(SH, float32)
-        acc = float32(0.0)
+        ws = cuda.shared.array((KB, HALO_MAX), float32)
+        acc = cuda.local.array(KB, float32)
+        for kk in range(KB):
+            acc[kk] = float32(0.0)
         for c in range(C):
             for r0 in range(0, R, HALO_MAX):
                 nr = min(HALO_MAX, R - r0)
@@ -1013,14 +1018,21 @@ def make_tiled1d(TILE, STRIDE):
                 for e in range(t, span, TILE):
                     i = i0 + e
                     xs[e] = x[n, c, i] if 0 <= i < L else float32(0.0)
+                for e in range(t, KB * nr, TILE):
+                    kk = e // nr
+                    ws[kk, e % nr] = w[k0 + kk, c, r0 + e % nr] if k0 + kk < K else float32(0.0)
                 cuda.syncthreads()
                 for r in range(nr):
-                    acc += xs[t * STRIDE + r] * w[k, c, r0 + r]  # w[k, c, r]: the same for the whole warp
+                    v = xs[t * STRIDE + r]  # one shared load of x serves KB FMAs
+                    for kk in range(KB):
+                        acc[kk] += v * ws[kk, r]
                 cuda.syncthreads()
         if p0 + t < P:
-            y[n, k, p0 + t] = acc
+            for kk in range(KB):
+                if k0 + kk < K:
+                    y[n, k0 + kk, p0 + t] = acc[kk]
 
-    conv1d_tiled_kernel.geometry = TILE
+    conv1d_tiled_kernel.geometry = (TILE, KB)
     return conv1d_tiled_kernel
 
 
@@ -1029,7 +1041,7 @@ _tiled1d: dict = {}
 
 def tiled1d_kernel(stride, gpu=None):
     sim = device.SIMULATED if gpu is None else not gpu
-    key = (TILE1D_SIM if sim else TILE1D_GPU, stride)
+    key = (TILE1D_SIM, stride, KB1D_SIM) if sim else (TILE1D_GPU, stride, KB1D_GPU)
     if key not in _tiled1d:
         _tiled1d[key] = make_tiled1d(*key)
     return _tiled1d[key]
@@ -1037,15 +1049,29 @@ def tiled1d_kernel(stride, gpu=None):
 
 @register("conv1d", "gpu", "tiled", rung=2, ptx=[(tiled1d_kernel(1, gpu=True), f"void({SIG3}, {SIG3}, {SIG3}, int64)")])
 def conv1d_tiled_gpu(y, x, w, stride, pad):
-    """A block of TILE threads stages its TILE outputs' input span plus the (R - 1)-element halo in shared
-    memory once per channel: each input is read from global memory about once per block instead of R times.
-    Filters longer than the halo buffer (64 taps) are done 64 taps at a time."""
+    """A block of TILE threads stages its TILE outputs' input span plus the (R - 1)-element halo, and 8
+    filters' taps, in shared memory once per channel: each input is read from global memory about once per
+    block instead of R times, and each shared load of x serves 8 FMAs. Filters longer than the halo buffer
+    (64 taps) are done 64 taps at a time. Predict several times rung 1 when C and K are large (the 8 filters
+    share every load); it is still no GEMM (8 FMAs per load, where the GEMM rungs do 16 or more)."""
     N, K, P = y.shape
     if y.size == 0:
         return
     kern = tiled1d_kernel(stride)
-    T = kern.geometry
-    kern[(ceil_div(P, T), K, N), T](y, x, w, pad)
+    T, KB = kern.geometry
+    kern[(ceil_div(P, T), ceil_div(K, KB), N), T](y, x, w, pad)
+
+
+@register("conv1d", "gpu", "cudnn", baseline=True, requires=_torch_gpu)
+def conv1d_cudnn(y, x, w, stride, pad):
+    """torch.nn.functional.conv1d (cuDNN), TF32 off, copied into y."""
+    import torch
+
+    from .reductions import torch_view
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    torch_view(y).copy_(torch.nn.functional.conv1d(torch_view(x), torch_view(w), stride=stride, padding=pad))
 
 
 # ======================================================================================== backward
