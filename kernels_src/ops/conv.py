@@ -1167,6 +1167,36 @@ def output_padding(dy, w, H, W, stride, pad):
     return H - ((P - 1) * stride - 2 * pad + R), W - ((Q - 1) * stride - 2 * pad + S)
 
 
+@cuda.jit
+def flip_swap_kernel(wt, w):
+    # wt (C,K,R,S) <- w (K,C,R,S) flipped in space: wt[c, k, R-1-r, S-1-s] = w[k, c, r, s]
+    i = cuda.grid(1)
+    K, C, R, S = w.shape
+    if i < w.size:
+        s = i % S
+        r = (i // S) % R
+        c = (i // (R * S)) % C
+        k = i // (C * R * S)
+        wt[c, k, R - 1 - r, S - 1 - s] = w[k, c, r, s]
+
+
+@register("conv2d_bwd_dx", "gpu", "as_conv", rung=2, ptx=[(flip_swap_kernel, f"void({SIG4}, {SIG4})")])
+def dx_as_conv_gpu(dx, dy, w, H, W, stride, pad):
+    """For stride 1, dx IS a forward convolution: of dy, padded by R - 1 - pad, with the filters flipped in
+    space and their K and C axes swapped (one tiny kernel builds them). So the forward pass's best rung
+    (implicit GEMM, rung 5) computes it, at the forward's speed. Stride > 1 (zeros between dy's elements)
+    and pad > R - 1 fall back to rung 1's gather."""
+    K, C, R, S = w.shape
+    if stride != 1 or pad > R - 1 or pad > S - 1 or R != S:
+        dx_gather_gpu(dx, dy, w, H, W, stride, pad)
+        return
+    if dx.size == 0:
+        return
+    wt = scratch("wt", (C, K, R, S))
+    flip_swap_kernel[ceil_div(w.size, 256), 256](wt, w)
+    _implicit_vec(dx, dy, wt, 1, R - 1 - pad)
+
+
 @register("conv2d_bwd_dx", "gpu", "cudnn", baseline=True, requires=_torch_gpu)
 def dx_cudnn(dx, dy, w, H, W, stride, pad):
     """torch's conv_transpose2d (cuDNN's backward-data algorithms), TF32 off, copied into dx."""
