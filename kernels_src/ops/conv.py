@@ -1294,6 +1294,58 @@ def dw_reduce_gpu(dw, x, dy, R, S, stride, pad):
         _dw[dw.size, DW_THREADS_SIM if device.SIMULATED else DW_THREADS_GPU](dw, x, dy, stride, pad)
 
 
+@cuda.jit
+def im2col_t_kernel(colt, x, R, S, stride, pad, P, Q):
+    # colt (N P Q, C R S) <- x (N,C,H,W): the im2col matrix transposed, row = pixel, column = (c, r, s);
+    # thread (row j, column crs) with crs fastest, so a warp writes 32 consecutive floats of a row
+    crs = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    j = cuda.blockIdx.x  # grid x: N P Q can pass the 65 535 blocks grid y allows
+    if crs >= colt.shape[1]:
+        return
+    H, W = x.shape[2], x.shape[3]
+    c = crs // (R * S)
+    r = (crs // S) % R
+    s = crs % S
+    n = j // (P * Q)
+    pq = j % (P * Q)
+    h = (pq // Q) * stride - pad + r
+    ww = (pq % Q) * stride - pad + s
+    colt[j, crs] = x[n, c, h, ww] if (0 <= h < H and 0 <= ww < W) else float32(0.0)
+
+
+@cuda.jit
+def knpq_from_nkpq_kernel(y2, y):
+    # y2 (K, N P Q) <- y (N,K,P,Q): dy with its channels first, the GEMM's A operand
+    i = cuda.grid(1)
+    N, K, P, Q = y.shape
+    PQ = P * Q
+    if i < y.size:
+        pq = i % PQ
+        k = (i // PQ) % K
+        n = i // (K * PQ)
+        y2[k, n * PQ + pq] = y[n, k, pq // Q, pq % Q]
+
+
+@register("conv2d_bwd_dw", "gpu", "im2col_splitk", rung=2,
+          ptx=[(im2col_t_kernel, f"void(float32[:, ::1], {SIG4}, int64, int64, int64, int64, int64, int64)"),
+               (knpq_from_nkpq_kernel, f"void(float32[:, ::1], {SIG4})")],
+          bytes=lambda s, b: conv_bytes(s, b) + im2col_extra_bytes(s, b))
+def dw_im2col_splitk_gpu(dw, x, dy, R, S, stride, pad):
+    """dW (K, C R S) = dY (K, N P Q) @ X_col^T (N P Q, C R S): the forward's im2col matrix, transposed, and
+    dy permuted channels-first, multiplied by chapter 5's split-K GEMM (rung 12: a depth of N P Q = 100 352
+    and a 64 x 576 output, the shape split-K is for; chapter 14 dispatches dW products to it). The matrix costs
+    the same 0.46 GB of traffic as the forward's im2col rung: predict ~0.5 ms, ~60x rung 1."""
+    N, K, P, Q = dy.shape
+    C = x.shape[1]
+    if dw.size == 0:
+        return
+    colt = scratch("colt", (N * P * Q, C * R * S))
+    im2col_t_kernel[(N * P * Q, ceil_div(C * R * S, 128)), 128](colt, x, R, S, stride, pad, P, Q)
+    dy2 = scratch("dy2", (K, N * P * Q))
+    knpq_from_nkpq_kernel[ceil_div(dy.size, 256), 256](dy2, dy)
+    gemm.gemm_splitk_launch(dw.reshape(K, C * R * S), dy2, colt)
+
+
 @register("conv2d_bwd_dw", "gpu", "cudnn", baseline=True, requires=_torch_gpu)
 def dw_cudnn(dw, x, dy, R, S, stride, pad):
     """torch.nn.grad.conv2d_weight (cuDNN's backward-filter algorithms), TF32 off, copied into dw."""
