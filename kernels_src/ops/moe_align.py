@@ -310,9 +310,9 @@ def permute_cpu(Xp, X, sorted_ids, k):
 
 @cuda.jit
 def permute_kernel(Xp, X, sorted_ids, k):
-    # 2-D grid: x over the d columns, y over the P rows
-    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    r = cuda.blockIdx.y
+    # 2-D grid: x over the P rows (up to 2**31 - 1 blocks), y over the d columns
+    c = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    r = cuda.blockIdx.x
     d = X.shape[1]
     if c < d:
         s = sorted_ids[r]
@@ -347,7 +347,7 @@ def permute_gpu(Xp, X, sorted_ids, k):
     P, d = Xp.shape
     if P and d:
         t = _row_threads(d)
-        permute_kernel[(ceil_div(d, t), P), t](Xp, X, sorted_ids, k)
+        permute_kernel[(P, ceil_div(d, t)), t](Xp, X, sorted_ids, k)
 
 
 def _aligned(*arrays):
@@ -458,9 +458,9 @@ def combine_cpu(out, Y, w, slot_row):
 
 @cuda.jit
 def combine_kernel(out, Y, w, slot_row):
-    # 2-D grid: x over the n columns, y over the T tokens
-    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    t = cuda.blockIdx.y
+    # 2-D grid: x over the T tokens, y over the n columns
+    c = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    t = cuda.blockIdx.x
     k = w.shape[1]
     if c < Y.shape[1]:
         acc = float32(0.0)
@@ -495,7 +495,7 @@ def combine_gpu(out, Y, w, slot_row):
     T, n = out.shape
     if T and n:
         t = _row_threads(n)
-        combine_kernel[(ceil_div(n, t), T), t](out, Y, w, slot_row)
+        combine_kernel[(T, ceil_div(n, t)), t](out, Y, w, slot_row)
 
 
 def combine_vec_gpu(out, Y, w, slot_row):
@@ -596,8 +596,9 @@ def combine_bwd_cpu(dY, dw, dout, Y, w, slot_row, sorted_ids):
 
 @cuda.jit
 def combine_bwd_dy_kernel(dY, dout, w, sorted_ids):
-    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    r = cuda.blockIdx.y
+    # 2-D grid: x over the P rows, y over the n columns
+    c = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    r = cuda.blockIdx.x
     k = w.shape[1]
     if c < dY.shape[1]:
         s = sorted_ids[r]
@@ -643,7 +644,7 @@ def combine_bwd_gpu(dY, dw, dout, Y, w, slot_row, sorted_ids):
     P, n = dY.shape
     if P and n:
         t = _row_threads(n)
-        combine_bwd_dy_kernel[(ceil_div(n, t), P), t](dY, dout, w, sorted_ids)
+        combine_bwd_dy_kernel[(P, ceil_div(n, t)), t](dY, dout, w, sorted_ids)
     if w.size:
         combine_bwd_dw_kernel[w.size, 32](dw, dout, Y, slot_row)
 

@@ -516,9 +516,9 @@ def make_dw_kernel(TILE, gather=True):
 
 @cuda.jit
 def sum_slots_kernel(dX, dXp, slot_row):
-    # dX[t, c] = sum over j (in order) of dXp[slot_row[t*k+j], c]
-    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    t = cuda.blockIdx.y
+    # dX[t, c] = sum over j (in order) of dXp[slot_row[t*k+j], c]; grid x over tokens, y over columns
+    c = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    t = cuda.blockIdx.x
     k = slot_row.size // dX.shape[0]
     if c < dX.shape[1]:
         acc = float32(0.0)
@@ -548,7 +548,7 @@ def grouped_bwd_gpu(dX, dW, dY, X, W, sorted_ids, block_expert, offsets, slot_ro
         dXp = _buf("gg_dxp", P * d, np.float32).reshape(P, d)
         grouped_smem(dXp, dY, W, sorted_ids, block_expert, k, S, False, transb=True)  # dY[r] @ W[e]^T
         t = 32 if device.SIMULATED else 256
-        sum_slots_kernel[(ceil_div(d, t), T), t](dX, dXp, slot_row)
+        sum_slots_kernel[(T, ceil_div(d, t)), t](dX, dXp, slot_row)
     if E and d and n:
         kern, TL = dw_kernel()
         kern[(ceil_div(n, TL), ceil_div(d, TL), E), (TL, TL)](dW, dY, X, sorted_ids, offsets, k, S)

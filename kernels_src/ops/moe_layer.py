@@ -29,7 +29,7 @@ from .moe_align import (align_cpu, align_gpu, combine_bwd_gpu, combine_bwd_prang
 from .moe_gemm import (TILE_GPU, WARPTILE_GPU, SIG_WT, F3, dw_kernel, grouped_prange, grouped_smem,
                        make_dw_kernel, make_smem, make_warptile, SIG_SMEM, sum_slots_kernel, warptile)
 from .moe_route import (EPS32, F1, F2, I1, _buf, padded_rows, quantized, reference_router,
-                        reference_router_bwd, router_bwd_kernel, router_bwd_prange, router_gpu, router_prange,
+                        reference_router_bwd, router_bwd_kernel, router_bwd_prange, router_gemm_gpu, router_prange,
                         _threads)
 
 
@@ -144,7 +144,7 @@ def layer_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
     wt, wt_direct = warptile(True), warptile(False)
     B = wt.BM
     b = _layer_bufs("layer_", T, d, f, E, k, B, False)
-    router_gpu(b["logits"], b["w"], b["ids"], x, Wr, k, renorm)
+    router_gemm_gpu(b["logits"], b["w"], b["ids"], x, Wr, k, renorm)
     align_gpu(b["sorted_ids"], b["block_expert"], b["offsets"], b["slot_row"], b["ids"], E, B, 0)
     wt(b["G"], x, Wg, b["sorted_ids"], b["block_expert"], k, S)
     wt(b["U"], x, Wu, b["sorted_ids"], b["block_expert"], k, S)
@@ -160,12 +160,14 @@ def layer_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
 @register("moe_layer", "gpu", "course", rung=1,
           ptx=[(make_warptile(**WARPTILE_GPU, gather=True).kernel, SIG_WT)])
 def layer_gpu_course(out, x, Wr, Wg, Wu, W2, k, renorm):
-    """Router (a thread per token), align (chapter 15's GPU histogram, scans and radix sort), two grouped
-    warptile products (gate, up) with the gather in the load, chapter 6's SwiGLU kernel, the grouped down
-    product, the 16-byte combine. No host synchronisation: every buffer is sized by the bound P. At
-    T 4096, d 1024, f 3584, E 8, k 2 the products are 180 GFLOP: predict ~5 ms at rung 2's ~35 TFLOP/s,
-    against the torch loop's 5.7 ms (its products run on cuBLAS): near 1x, not 1.5x. With 64 experts of
-    f 512 the loop is launch-bound (17 ms measured): predict >= 5x there."""
+    """Router (chapter 5's GEMM for the logits, a thread per token for softmax and top-k), align (chapter
+    15's GPU histogram, scans and radix sort), two grouped warptile products (gate, up) with the gather in
+    the load, chapter 6's SwiGLU kernel, the grouped down product, the 16-byte combine. No host
+    synchronisation: every buffer is sized by the bound P. At T 4096, d 1024, f 3584, E 8, k 2 the products
+    are 180 GFLOP: predict ~5 ms at rung 2's ~35 TFLOP/s, against the torch loop's 5.7 ms (its products run
+    on cuBLAS): near 1x, not 1.5x. With 64 experts of f 512 the loop is launch-bound (17 ms measured):
+    predict >= 5x there. (The first H100 run, with rung 1 of the router, measured 0.92x and 1.66x: the
+    router's thread per token cost milliseconds at E = 64; this rung uses the router's rung 2.)"""
     layer_gpu(out, x, Wr, Wg, Wu, W2, k, renorm)
 
 
@@ -370,9 +372,9 @@ def add_inplace_kernel(a, b):
 
 @cuda.jit
 def router_dx_kernel(dx, dlogits, Wr):
-    # dx (T,d) += dlogits (T,E) @ Wr^T: a thread per element of dx
-    i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    t = cuda.blockIdx.y
+    # dx (T,d) += dlogits (T,E) @ Wr^T: a thread per element of dx; grid x over tokens, y over columns
+    i = cuda.blockIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    t = cuda.blockIdx.x
     if i < dx.shape[1]:
         acc = float32(0.0)
         for e in range(Wr.shape[1]):
@@ -422,10 +424,10 @@ def layer_bwd_gpu(dx, dWr, dWg, dWu, dW2, dout, x, Wr, Wg, Wu, W2, k, renorm):
     kg[(ceil_div(f, TL), ceil_div(d, TL), E), (TL, TL)](dWg, dG, x, sid, off, k, S)
     kg[(ceil_div(f, TL), ceil_div(d, TL), E), (TL, TL)](dWu, dU, x, sid, off, k, S)
     add_inplace_kernel[ceil_div(P * d, th), th](dXg.reshape(P * d), dXu.reshape(P * d))
-    sum_slots_kernel[(ceil_div(d, th), T), th](dx, dXg, sr)  # each token's k rows, in order
+    sum_slots_kernel[(T, ceil_div(d, th)), th](dx, dXg, sr)  # each token's k rows, in order
     dlogits = _buf("lb_dlogits", T * E, np.float32).reshape(T, E)
     router_bwd_kernel[ceil_div(T, _threads()), _threads()](dlogits, dw, b["logits"], b["ids"], renorm)
-    router_dx_kernel[(ceil_div(d, th), T), th](dx, dlogits, Wr)
+    router_dx_kernel[(T, ceil_div(d, th)), th](dx, dlogits, Wr)
     router_dw_kernel[(ceil_div(E, th), d), th](dWr, x, dlogits)
 
 
