@@ -32,7 +32,8 @@ Infinite logits are outside the contract (softmax of +inf is NaN in any order of
 
 Ladders: cpu/prange rung 1 (a token per iteration), gpu/thread rung 1 (a thread per token; the losses'
 column sums by one block with a fixed-order tree, so the same bits every run); the router has a cpu/numpy
-baseline. The losses count tokens per expert with chapter 15's histogram.
+baseline and gpu/gemm rung 2 (the logits by chapter 5's warptile GEMM, then a thread per token for the
+softmax and top-k). The losses count tokens per expert with chapter 15's histogram.
 """
 import math
 
