@@ -20,14 +20,14 @@ Permute and combine move bytes and almost no FLOPs: they are judged against the 
 """
 import numpy as np
 
-from ..compiler import cuda, float32, load4, njit, prange, store4
+from ..compiler import cuda, float32, int32, load4, njit, prange, store4
 from .. import device
 from ..device import ceil_div
 from ..registry import define_op, exercise_op, register
 from . import histogram as hist_mod
 from . import scan as scan_mod
 from . import sort as sort_mod
-from .moe_route import EPS32, F1, F2, I1, _buf, make_routing, padded_rows  # noqa: F401
+from .moe_route import EPS32, F1, F2, I1, I2, _buf, make_routing, padded_rows  # noqa: F401
 
 
 # ------------------------------------------------------------------------------------------ align
@@ -64,6 +64,7 @@ ALIGN_SIZES = {"check": [(1, 1, 1, 4, 0), (1, 5, 2, 4, 0), (7, 3, 3, 4, 0), (100
                          (1000, 64, 8, 128, 0), (999, 8, 2, 64, 100), (500, 11, 1, 32, 0)],
                "check_sim": [(1, 1, 1, 4, 0), (7, 3, 3, 4, 0), (40, 7, 2, 8, 0), (40, 5, 1, 8, 3)],
                "bench": [(4096, 8, 2, 128, 0), (4096, 64, 8, 128, 0)],
+               "bench_gpu": [(1, 8, 2, 128, 0), (64, 8, 2, 128, 0), (4096, 8, 2, 128, 0), (4096, 64, 8, 128, 0)],
                "bench_sim": [(40, 7, 2, 8, 0)]}
 ALIGN_SIZES = {key: [s + ((i % 3,) if len(s) == 5 else ()) for i, s in enumerate(v)]
                for key, v in ALIGN_SIZES.items()}  # skew 0, 1, 2 in turn: uniform, Zipf, all to experts 0..k-1
@@ -234,6 +235,107 @@ def align_sort_scan_gpu(sorted_ids, block_expert, offsets, slot_row, ids, E, B, 
     E + 1 offsets) and a scatter kernel. About 30 launches of small kernels: at S = 8192 slots predict
     launch-bound, tens of microseconds, small beside the expert products but not free."""
     align_gpu(sorted_ids, block_expert, offsets, slot_row, ids, E, B, cap)
+
+
+def make_one_block_align(NT, EMAX):
+    """Rung 2: the whole alignment in ONE block of NT threads (vLLM's small-batch moe_align_block_size):
+    thread i owns the slots [i*per, (i+1)*per) and counts them into its own row of a shared (NT+1) x EMAX
+    table (no atomics); a column scan over the threads gives each thread, per expert, how many slots of that
+    expert come before its chunk; one thread scans the E padded counts into offsets; then every thread walks
+    its chunk again in order and places each slot at offsets[e] + (slots of e before it): stable."""
+    ROWS = NT + 1
+
+    @cuda.jit
+    def align_one_block_kernel(sorted_ids, block_expert, offsets, slot_row, ids, E, B, cap):
+        cnt = cuda.shared.array((ROWS, EMAX), int32)  # cnt[i+1, e]: thread i's count; after the scan, cnt[i, e]
+        tid = cuda.threadIdx.x                        # is the number of e's slots in chunks 0..i-1
+        S = ids.size
+        per = (S + NT - 1) // NT
+        lo = tid * per
+        hi = min(S, lo + per)
+        for e in range(E):
+            cnt[tid + 1, e] = 0
+        if tid == 0:
+            for e in range(E):
+                cnt[0, e] = 0
+        cuda.syncthreads()
+        for q in range(lo, hi):  # count my chunk (ids seen flat: slot q = t*k + j)
+            e = ids[q // ids.shape[1], q % ids.shape[1]]
+            cnt[tid + 1, e] += 1
+        cuda.syncthreads()
+        for e in range(tid, E, NT):  # column scan: inclusive over the thread rows
+            for i in range(1, ROWS):
+                cnt[i, e] += cnt[i - 1, e]
+        cuda.syncthreads()
+        if tid == 0:  # the E padded counts, scanned into the offsets (E is small: one thread)
+            run = 0
+            offsets[0] = 0
+            for e in range(E):
+                c = cnt[NT, e]
+                if cap > 0 and c > cap:
+                    c = cap
+                run += (c + B - 1) // B * B
+                offsets[e + 1] = run
+        cuda.syncthreads()
+        total = offsets[E]
+        for r in range(tid, sorted_ids.size, NT):
+            sorted_ids[r] = S
+        for b in range(tid, block_expert.size, NT):
+            row = b * B
+            be = -1
+            if row < total:
+                e = 0
+                while offsets[e + 1] <= row:  # the expert whose padded run holds this block
+                    e += 1
+                be = e
+            block_expert[b] = be
+        cuda.syncthreads()
+        for q in range(lo, hi):  # place my chunk, in order: the rank of a slot within its expert
+            e = ids[q // ids.shape[1], q % ids.shape[1]]
+            rank = cnt[tid, e]
+            cnt[tid, e] = rank + 1
+            if cap > 0 and rank >= cap:
+                slot_row[q] = -1
+            else:
+                r = offsets[e] + rank
+                sorted_ids[r] = q
+                slot_row[q] = r
+
+    return align_one_block_kernel
+
+
+ONE_BLOCK = ((128, 64), (32, 256))  # (threads, largest E): (threads + 1) * E int32 fit in 48 KB of shared memory
+ONE_BLOCK_SIM = ((8, 16), (4, 64))
+ONE_BLOCK_MAX_SLOTS = 16384  # the layer uses rung 2 up to this many slots (one SM's work), rung 1 above
+_ob: dict = {}
+
+
+def one_block_kernel(E):
+    for NT, EMAX in (ONE_BLOCK_SIM if device.SIMULATED else ONE_BLOCK):
+        if E <= EMAX:
+            if (NT, EMAX) not in _ob:
+                _ob[(NT, EMAX)] = make_one_block_align(NT, EMAX)
+            return _ob[(NT, EMAX)], NT
+    return None, 0
+
+
+def align_one_block_gpu(sorted_ids, block_expert, offsets, slot_row, ids, E, B, cap):
+    kern, NT = one_block_kernel(E)
+    if kern is None:  # more experts than the shared table holds: chapter 15's kernels
+        return align_gpu(sorted_ids, block_expert, offsets, slot_row, ids, E, B, cap)
+    kern[1, NT](sorted_ids, block_expert, offsets, slot_row, ids, E, B, cap)
+
+
+@register("moe_align", "gpu", "one_block", rung=2,
+          ptx=[(make_one_block_align(NT, EMAX), f"void({I1}, {I1}, {I1}, {I1}, {I2}, int64, int64, int64)")
+               for NT, EMAX in ONE_BLOCK])
+def align_one_block(sorted_ids, block_expert, offsets, slot_row, ids, E, B, cap):
+    """ONE launch instead of rung 1's ~30: one block counts per-thread chunks into a shared table, scans it
+    by columns, and places every slot in order (stable, no atomics). One SM does all the work, S/NT slots per
+    thread twice: predict a few microseconds for decode-sized S and ~S/NT x 2 dependent loads (tens of us) at
+    S = 8192, against rung 1's ~170 us of launches; for large S rung 1 wins back (every SM works). Falls back
+    to rung 1 when E is larger than the shared table (256)."""
+    align_one_block_gpu(sorted_ids, block_expert, offsets, slot_row, ids, E, B, cap)
 
 
 # ----------------------------------------------------------------------------------------- permute

@@ -24,8 +24,8 @@ from .. import device
 from ..device import ceil_div
 from ..registry import define_op, register
 from . import activations
-from .moe_align import (align_cpu, align_gpu, combine_bwd_gpu, combine_bwd_prange, combine_prange,
-                        combine_vec_gpu)
+from .moe_align import (ONE_BLOCK_MAX_SLOTS, align_cpu, align_gpu, align_one_block_gpu, combine_bwd_gpu,
+                        combine_bwd_prange, combine_prange, combine_vec_gpu)
 from .moe_gemm import (TILE_GPU, WARPTILE_GPU, SIG_WT, F3, dw_kernel, grouped_prange, grouped_smem,
                        make_dw_kernel, make_smem, make_warptile, SIG_SMEM, sum_slots_kernel, warptile)
 from .moe_route import (EPS32, F1, F2, I1, _buf, padded_rows, quantized, reference_router,
@@ -145,7 +145,8 @@ def layer_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
     B = wt.BM
     b = _layer_bufs("layer_", T, d, f, E, k, B, False)
     router_gemm_gpu(b["logits"], b["w"], b["ids"], x, Wr, k, renorm)
-    align_gpu(b["sorted_ids"], b["block_expert"], b["offsets"], b["slot_row"], b["ids"], E, B, 0)
+    align = align_one_block_gpu if S <= ONE_BLOCK_MAX_SLOTS else align_gpu  # one launch for small S
+    align(b["sorted_ids"], b["block_expert"], b["offsets"], b["slot_row"], b["ids"], E, B, 0)
     wt(b["G"], x, Wg, b["sorted_ids"], b["block_expert"], k, S)
     wt(b["U"], x, Wu, b["sorted_ids"], b["block_expert"], k, S)
     n = b["H"].size
@@ -160,8 +161,8 @@ def layer_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
 @register("moe_layer", "gpu", "course", rung=1,
           ptx=[(make_warptile(**WARPTILE_GPU, gather=True).kernel, SIG_WT)])
 def layer_gpu_course(out, x, Wr, Wg, Wu, W2, k, renorm):
-    """Router (chapter 5's GEMM for the logits, a thread per token for softmax and top-k), align (chapter
-    15's GPU histogram, scans and radix sort), two grouped warptile products (gate, up) with the gather in
+    """Router (chapter 5's GEMM for the logits, a thread per token for softmax and top-k), align (rung 2, one
+    block, up to 16384 slots; above, chapter 15's GPU histogram, scans and radix sort), two grouped warptile products (gate, up) with the gather in
     the load, chapter 6's SwiGLU kernel, the grouped down product, the 16-byte combine. No host
     synchronisation: every buffer is sized by the bound P. At T 4096, d 1024, f 3584, E 8, k 2 the products
     are 180 GFLOP: predict ~5 ms at rung 2's ~35 TFLOP/s, against the torch loop's 5.7 ms (its products run
