@@ -1035,6 +1035,18 @@ def _eager(kind):
 
 
 _compiled: dict = {}
+EAGER_ROUNDINGS = 3  # torch eager's allowance, in units of u (see _eager_tol)
+
+
+def _eager_tol(kind, fmt):
+    """torch eager is not held to our one-rounding rule: on the H100 (torch 2.11) its bf16/fp16 LayerNorm and
+    RMSNorm take gamma rounded to the format, and its softmax backward and GELU backward round intermediates to
+    it, so its errors reached about 1.4 u on normal values and a few 1e-7 on values near 0 (book/data/bench/h100/
+    half_check.txt). The yardstick is checked against EAGER_ROUNDINGS u and an absolute 1e-6."""
+    def tol(size, dtype):
+        r32, a32 = _tol32(kind, size)
+        return EAGER_ROUNDINGS * UNIT_ROUNDOFF[fmt] + r32, max(a32, 1e-6)
+    return tol
 
 
 def _register_torch(kind, tag, fmt):
@@ -1059,11 +1071,13 @@ def _register_torch(kind, tag, fmt):
 
     eager.__name__, compiled.__name__ = f"{kind}_{tag}_torch", f"{kind}_{tag}_compile"
     eager.__doc__ = ("torch eager in the same precision: torch's own CUDA kernel on the 16-bit tensors (written "
-                     "through out= for softmax and GELU; LayerNorm and RMSNorm copy torch's result into ours).")
+                     "through out= for softmax and GELU; LayerNorm and RMSNorm copy torch's result into ours). "
+                     "Held to 3 u, not u: it rounds gamma or intermediates to the format (see _eager_tol).")
     compiled.__doc__ = ("torch.compile of the float32-inside formula a user writes (upcast, compute, cast back "
                         "into the output): Inductor fuses it into one or two Triton kernels.")
     exempt = "torch's softmax gives NaN on a fully masked row (the reference defines zeros)" if kind == "softmax" else ""
-    register(op_name(kind, tag), "gpu", "torch", baseline=True, requires=torch_gpu, edge_exempt=exempt)(eager)
+    register(op_name(kind, tag), "gpu", "torch", baseline=True, requires=torch_gpu, edge_exempt=exempt,
+             tol=_eager_tol(kind, fmt))(eager)
     register(op_name(kind, tag), "gpu", "compile", baseline=True, requires=torch_gpu, edge_exempt=exempt)(compiled)
 
 
