@@ -1035,17 +1035,20 @@ def _eager(kind):
 
 
 _compiled: dict = {}
-EAGER_ROUNDINGS = 3  # torch eager's allowance, in units of u (see _eager_tol)
+EAGER_RTOL_U, EAGER_ATOL_U = 3, 10  # torch eager's allowance, in units of u (see _eager_tol)
 
 
 def _eager_tol(kind, fmt):
-    """torch eager is not held to our one-rounding rule: on the H100 (torch 2.11) its bf16/fp16 LayerNorm and
-    RMSNorm (given gamma in the activations' format, as a 16-bit model holds it: rounded once more) and its softmax
-    and GELU backwards erred by up to about 1.4 u on normal values and a few 1e-7 on values near 0
-    (book/data/bench/h100/half_check.txt). The yardstick is checked against EAGER_ROUNDINGS u and 1e-6."""
+    """torch eager is not held to our one-rounding rule. On the H100 (torch 2.11) its bf16/fp16 LayerNorm
+    (given gamma and beta in the activations' format, as a 16-bit model holds them) and its softmax, LayerNorm
+    and GELU backwards erred by up to about 1.4 u relative on large outputs and up to 8.4 u ABSOLUTE on outputs
+    near 0 (an error on the scale of the terms, not of the result: book/data/bench/h100/half_check.txt and
+    half_run2.txt). The yardstick is checked against 3 u relative plus 10 u absolute: a model fitted to that
+    measurement, not derived, and not re-measured since (the session's GPU time ran out)."""
     def tol(size, dtype):
         r32, a32 = _tol32(kind, size)
-        return EAGER_ROUNDINGS * UNIT_ROUNDOFF[fmt] + r32, max(a32, 1e-6)
+        u = UNIT_ROUNDOFF[fmt]
+        return EAGER_RTOL_U * u + r32, max(a32, EAGER_ATOL_U * u)
     return tol
 
 
@@ -1072,7 +1075,8 @@ def _register_torch(kind, tag, fmt):
     eager.__name__, compiled.__name__ = f"{kind}_{tag}_torch", f"{kind}_{tag}_compile"
     eager.__doc__ = ("torch eager in the same precision: torch's own CUDA kernel on the 16-bit tensors (written "
                      "through out= for softmax and GELU; LayerNorm and RMSNorm copy torch's result into ours). "
-                     "Held to 3 u, not u: it rounds gamma or intermediates to the format (see _eager_tol).")
+                     "Held to 3 u + 10 u absolute, not u: it rounds gamma, beta or intermediates to the format "
+                     "(see _eager_tol).")
     compiled.__doc__ = ("torch.compile of the float32-inside formula a user writes (upcast, compute, cast back "
                         "into the output): Inductor fuses it into one or two Triton kernels.")
     exempt = "torch's softmax gives NaN on a fully masked row (the reference defines zeros)" if kind == "softmax" else ""
