@@ -33,7 +33,7 @@ def test_moe_fixed_batch_gpu_simulated():
 
     if not device.GPU_VARIANTS_RUN:
         pytest.skip(device.REASON)
-    cfg = Config(vocab=7, ctx=8, width=16, heads=2, layers=1, mlp=1, experts=3, topk=2)
+    cfg = Config(vocab=7, ctx=8, width=16, heads=2, layers=1, mlp=1, experts=3, topk=2, aux_lb=0.5, aux_z=0.01)
     p = _params(cfg)
     ids, tg = _batch(cfg, 1, 5)
     _compare(GPT(cfg, p, backend("gpu")), ReferenceGPT(cfg, p), ids, tg)
@@ -54,3 +54,44 @@ def test_moe_adamw_trajectory_10_steps():
         assert abs(loss - loss_r) <= TRAJ_RTOL * abs(loss_r), (step, loss, loss_r)
         losses.append(loss)
     assert losses[-1] < losses[0]
+
+
+AUX = Config(vocab=29, ctx=16, width=32, heads=2, layers=2, mlp=2, experts=4, topk=2, aux_lb=0.5, aux_z=0.01)
+
+
+def test_moe_with_aux_losses_fixed_batch_and_trajectory():
+    """With the load-balancing loss and the z-loss in the objective: the same checks, and the losses differ
+    from the model without them (the terms are really added)."""
+    p = _params(AUX)
+    ids, tg = _batch(AUX, 2, 11)
+    _compare(GPT(AUX, p, "cpu"), ReferenceGPT(AUX, p), ids, tg)
+    plain = ReferenceGPT(CFG, p).forward(ids, tg)[1]
+    assert ReferenceGPT(AUX, p).forward(ids, tg)[1] > plain + 0.4  # lb >= 1 for any routing: 0.5 * lb >= 0.5
+    model, ref = GPT(AUX, p, "cpu"), ReferenceGPT(AUX, p)
+    m = {k: np.zeros_like(v) for k, v in ref.p.items()}
+    v = {k: np.zeros_like(x) for k, x in ref.p.items()}
+    for step in range(1, 6):
+        loss_r, grads = ref.loss_and_grads(ids, tg)
+        adamw_step(ref.p, grads, m, v, step, 1e-3)
+        loss = model.train_step(ids, tg, 1e-3)
+        assert abs(loss - loss_r) <= TRAJ_RTOL * abs(loss_r), (step, loss, loss_r)
+
+
+def test_reference_aux_gradient_by_finite_differences():
+    cfg = Config(vocab=11, ctx=8, width=8, heads=2, layers=1, mlp=1, experts=3, topk=2, aux_lb=0.7, aux_z=0.1)
+    p = _params(cfg, spread=0.3)
+    ids, tg = _batch(cfg, 2, 5)
+    ref = ReferenceGPT(cfg, p)
+    _, g = ref.loss_and_grads(ids, tg)
+    rng = np.random.default_rng(4)
+    for name in ("h0.wr", "h0.wg", "h0.g2", "wte"):
+        for _ in range(3):
+            idx = tuple(rng.integers(0, s) for s in ref.p[name].shape)
+            old = ref.p[name][idx]
+            ref.p[name][idx] = old + 1e-6
+            lp = ref.forward(ids, tg)[1]
+            ref.p[name][idx] = old - 1e-6
+            lm = ref.forward(ids, tg)[1]
+            ref.p[name][idx] = old
+            fd = (lp - lm) / 2e-6
+            assert abs(fd - g[name][idx]) <= 1e-6 + 1e-5 * abs(fd), (name, idx, fd, g[name][idx])

@@ -169,6 +169,7 @@ class GPT:
         start = be.asarray(np.zeros(B, np.int32))
         kv_len = be.asarray(np.full(B, T, np.int32))
         self.act = act = {"B": B, "T": T, "ids": ids_d, "kv_len": kv_len}
+        self._aux = 0.0  # MoE: the weighted load-balancing and z-losses of this forward
         x = be.ws("x0", (N, C))
         be("embedding", x, ids_d, p["wte"])                              # x (N,C) = wte[ids]
         be("rmsnorm", be.ws("0.h1", (N, C)), be.ws("0.r1", (N,)), x, p["h0.g1"])  # h1 (N,C), rstd (N,)
@@ -216,7 +217,7 @@ class GPT:
         total = be.ws("total", (1,))
         be("sum", total, losses)
         act.update(targets=tg, lse_v=lse)
-        return logits, float(be.host(total)[0]) / N
+        return logits, float(be.host(total)[0]) / N + self._aux
 
     # --------------------------------------------------------------------------------- backward
     def backward(self):
@@ -271,8 +272,16 @@ class GPT:
         """out (N,C) = moe(h): chapter 18's layer rung for this backend (no dispatcher role yet)."""
         from ..ops import moe_layer
 
+        from ..ops import moe_route
+
+        cfg = self.cfg
         fn = moe_layer.layer_gpu if self.be.gpu else moe_layer.layer_cpu
-        bufs = fn(out, h, *self._moe_weights(i, self.p), self.cfg.topk, 1)
+        bufs = fn(out, h, *self._moe_weights(i, self.p), cfg.topk, 1)
+        if cfg.aux_lb or cfg.aux_z:  # the router's load-balancing loss and z-loss, added to the model's loss
+            losses = self.be.ws("moe_aux", (2,))
+            (moe_route.aux_gpu if self.be.gpu else moe_route.aux_cpu)(losses, bufs["logits"], bufs["ids"])
+            lb, z = self.be.host(losses)
+            self._aux += cfg.aux_lb * float(lb) + cfg.aux_z * float(z)
         if self.expert_load is not None:
             ids = self.be.host(bufs["ids"]).reshape(-1)
             while len(self.expert_load) <= i:
@@ -283,8 +292,10 @@ class GPT:
         """dh (N,C) and the layer's weight gradients (into self.g) from dout (N,C)."""
         from ..ops import moe_layer
 
+        cfg = self.cfg
         fn = moe_layer.layer_bwd_gpu if self.be.gpu else moe_layer.layer_bwd_cpu
-        fn(dh, *self._moe_weights(i, self.g), dout, h, *self._moe_weights(i, self.p), self.cfg.topk, 1)
+        fn(dh, *self._moe_weights(i, self.g), dout, h, *self._moe_weights(i, self.p), cfg.topk, 1,
+           aux=(cfg.aux_lb, cfg.aux_z))
 
     def _dloss(self, N):
         key = ("dloss", N)

@@ -31,6 +31,7 @@ import numpy as np
 from ..ops.activations import gelu_bwd_ref, gelu_ref
 from ..ops.moe_layer import reference_layer as moe_ref
 from ..ops.moe_layer import reference_layer_bwd as moe_bwd_ref
+from ..ops.moe_route import reference_aux, reference_router
 from ..ops.norms import EPS
 from ..ops.rope import cos_sin_cache
 
@@ -45,6 +46,8 @@ class Config:
     mlp: int = 4           # F = mlp * C
     experts: int = 0       # E > 0: every block's MLP is a Mixture of Experts of E SwiGLU experts of width F
     topk: int = 2          # k experts per token (the router's weights renormalised over the k)
+    aux_lb: float = 0.0    # MoE: the loss adds aux_lb * (load-balancing loss) + aux_z * (z-loss) of every layer
+    aux_z: float = 0.0
 
     @property
     def head_dim(self):
@@ -159,6 +162,10 @@ class ReferenceGPT:
             c["h2"] = h2
             if cfg.experts:
                 x = x + moe_ref(h2.reshape(B * T, C), *self._moe(i), cfg.topk, 1).reshape(B, T, C)
+                if cfg.aux_lb or cfg.aux_z:
+                    lg, _, ids_r = reference_router(h2.reshape(B * T, C), p[f"h{i}.wr"], cfg.topk, 1)
+                    lb, z = reference_aux(lg, ids_r)
+                    cache["aux"] = cache.get("aux", 0.0) + cfg.aux_lb * lb + cfg.aux_z * z
             else:
                 c["u"] = u = h2 @ p[f"h{i}.wfc"]
                 c["a"] = a = gelu_ref(u)
@@ -172,7 +179,7 @@ class ReferenceGPT:
         if targets is None:
             return logits, None
         loss, self.dlogits = cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
-        return logits, loss
+        return logits, loss + cache.get("aux", 0.0)
 
     def _moe(self, i):
         p = self.p
@@ -193,7 +200,8 @@ class ReferenceGPT:
             c = cache["layers"][i]
             if cfg.experts:  # MoE branch: x = xm + moe(h2)
                 dh2, g[f"h{i}.wr"], g[f"h{i}.wg"], g[f"h{i}.wu"], g[f"h{i}.w2"] = moe_bwd_ref(
-                    dx.reshape(B * T, C), c["h2"].reshape(B * T, C), *self._moe(i), cfg.topk, 1)
+                    dx.reshape(B * T, C), c["h2"].reshape(B * T, C), *self._moe(i), cfg.topk, 1,
+                    aux=(cfg.aux_lb, cfg.aux_z))
                 dh2 = dh2.reshape(B, T, C)
             else:  # MLP branch: x = xm + gelu(h2 Wfc) Wproj
                 g[f"h{i}.wproj"] = c["a"].reshape(-1, c["a"].shape[-1]).T @ dx.reshape(-1, C)

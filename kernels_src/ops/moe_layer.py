@@ -28,7 +28,8 @@ from .moe_align import (ONE_BLOCK_MAX_SLOTS, align_cpu, align_gpu, align_one_blo
                         combine_bwd_prange, combine_prange, combine_vec_gpu)
 from .moe_gemm import (TILE_GPU, WARPTILE_GPU, SIG_WT, F3, dw_kernel, grouped_prange, grouped_smem,
                        make_dw_kernel, make_smem, make_warptile, SIG_SMEM, sum_slots_kernel, warptile)
-from .moe_route import (EPS32, F1, F2, I1, _buf, padded_rows, quantized, reference_router,
+from .moe_route import (EPS32, F1, F2, I1, _buf, aux_bwd_cpu, aux_bwd_gpu, padded_rows, quantized,
+                        reference_aux_bwd, reference_router,
                         reference_router_bwd, router_bwd_kernel, router_bwd_prange, router_gemm_gpu, router_prange,
                         _threads)
 
@@ -234,9 +235,11 @@ def _sigmoid(g):
     return 1.0 / (1.0 + np.exp(-g))
 
 
-def reference_layer_bwd(dout, x, Wr, Wg, Wu, W2, k, renorm):
+def reference_layer_bwd(dout, x, Wr, Wg, Wu, W2, k, renorm, aux=(0.0, 0.0)):
     """float64: the gradients of sum(dout * out) with respect to x and the four weight arrays. Routing (the
-    experts chosen) has no gradient; the router's weights do, through the softmax (reference_router_bwd)."""
+    experts chosen) has no gradient; the router's weights do, through the softmax (reference_router_bwd).
+    aux = (a, b) adds the gradients of a * lb + b * z (moe_route's load-balancing loss and z-loss of this
+    layer's router logits), as a model that trains with them needs."""
     logits, w, ids = reference_router(x, Wr, k, renorm)
     T, d = x.shape
     dx = np.zeros(x.shape)
@@ -262,6 +265,9 @@ def reference_layer_bwd(dout, x, Wr, Wg, Wu, W2, k, renorm):
             dWu[e] = xe.T @ du
             np.add.at(dx, t, dg @ Wg[e].T + du @ Wu[e].T)
         dlogits = reference_router_bwd(dw, logits, ids, renorm)
+        if aux[0] or aux[1]:
+            dlb, dz = reference_aux_bwd(logits, ids)
+            dlogits = dlogits + aux[0] * dlb + aux[1] * dz
     return dx + dlogits @ Wr.T, x.T @ dlogits, dWg, dWu, dW2
 
 
@@ -334,7 +340,14 @@ def router_products_cpu(dx, dWr, x, Wr, dlogits):
             dWr[i, e] = acc
 
 
-def layer_bwd_cpu(dx, dWr, dWg, dWu, dW2, dout, x, Wr, Wg, Wu, W2, k, renorm, B=16):
+@njit(cache=True)
+def add_aux_cpu(dlogits, dlb, dz, a, b):
+    for t in range(dlogits.shape[0]):
+        for e in range(dlogits.shape[1]):
+            dlogits[t, e] += a * dlb[t, e] + b * dz[t, e]
+
+
+def layer_bwd_cpu(dx, dWr, dWg, dWu, dW2, dout, x, Wr, Wg, Wu, W2, k, renorm, B=16, aux=(0.0, 0.0)):
     T, d = x.shape
     E, _, f = Wg.shape
     S = T * k
@@ -354,6 +367,10 @@ def layer_bwd_cpu(dx, dWr, dWg, dWu, dW2, dout, x, Wr, Wg, Wu, W2, k, renorm, B=
     combine_prange(dx, dXg, np.ones((T, k), np.float32), b["slot_row"])  # each token's k rows, in order
     dlogits = np.empty((T, E), np.float32)
     router_bwd_prange(dlogits, dw, b["logits"], b["ids"], renorm)
+    if aux[0] or aux[1]:  # the load-balancing and z-loss gradients of this layer's router logits
+        dlb, dz = np.empty((T, E), np.float32), np.empty((T, E), np.float32)
+        aux_bwd_cpu(dlb, dz, b["logits"], b["ids"])
+        add_aux_cpu(dlogits, dlb, dz, float(aux[0]), float(aux[1]))
     router_products_cpu(dx, dWr, x, Wr, dlogits)
 
 
@@ -396,7 +413,14 @@ def router_dw_kernel(dWr, x, dlogits):
         dWr[i, e] = acc
 
 
-def layer_bwd_gpu(dx, dWr, dWg, dWu, dW2, dout, x, Wr, Wg, Wu, W2, k, renorm):
+@cuda.jit
+def add_aux_kernel(dlogits, dlb, dz, a, b):
+    i = cuda.grid(1)
+    if i < dlogits.size:
+        dlogits[i] += a * dlb[i] + b * dz[i]
+
+
+def layer_bwd_gpu(dx, dWr, dWg, dWu, dW2, dout, x, Wr, Wg, Wu, W2, k, renorm, aux=(0.0, 0.0)):
     T, d = x.shape
     E, _, f = Wg.shape
     S = T * k
@@ -429,6 +453,12 @@ def layer_bwd_gpu(dx, dWr, dWg, dWu, dW2, dout, x, Wr, Wg, Wu, W2, k, renorm):
     sum_slots_kernel[(T, ceil_div(d, th)), th](dx, dXg, sr)  # each token's k rows, in order
     dlogits = _buf("lb_dlogits", T * E, np.float32).reshape(T, E)
     router_bwd_kernel[ceil_div(T, _threads()), _threads()](dlogits, dw, b["logits"], b["ids"], renorm)
+    if aux[0] or aux[1]:  # the load-balancing and z-loss gradients of this layer's router logits
+        dlb = _buf("lb_dlb", T * E, np.float32).reshape(T, E)
+        dz = _buf("lb_dz", T * E, np.float32).reshape(T, E)
+        aux_bwd_gpu(dlb, dz, b["logits"], b["ids"])
+        add_aux_kernel[ceil_div(T * E, th), th](dlogits.reshape(T * E), dlb.reshape(T * E), dz.reshape(T * E),
+                                                float32(aux[0]), float32(aux[1]))
     router_dx_kernel[(T, ceil_div(d, th)), th](dx, dlogits, Wr)
     router_dw_kernel[(ceil_div(E, th), d), th](dWr, x, dlogits)
 
@@ -437,7 +467,7 @@ def layer_bwd_gpu(dx, dWr, dWg, dWu, dW2, dout, x, Wr, Wg, Wu, W2, k, renorm):
           ptx=[(make_smem(TILE_GPU, False, True), SIG_SMEM),
                (make_dw_kernel(TILE_GPU, False), f"void({F3}, {F2}, {F2}, {I1}, {I1}, int64, int64)"),
                (add_inplace_kernel, f"void({F1}, {F1})"), (router_dx_kernel, f"void({F2}, {F2}, {F2})"),
-               (router_dw_kernel, f"void({F2}, {F2}, {F2})")])
+               (router_dw_kernel, f"void({F2}, {F2}, {F2})"), (add_aux_kernel, f"void({F1}, {F1}, {F1}, float32, float32)")])
 def layer_bwd_gpu_course(dx, dWr, dWg, dWu, dW2, dout, x, Wr, Wg, Wu, W2, k, renorm):
     """The forward recomputed (gpu/course), then the stages' GPU backward rungs in reverse: combine backward,
     the transposed grouped products (rung 1's shared-memory kernel) and K-grouped dW per expert, chapter 6's
