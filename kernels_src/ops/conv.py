@@ -564,6 +564,20 @@ def conv2d_tiled_gpu(y, x, w, stride, pad):
 
 
 # ------------------------------------------------------------------------- rung 3: im2col + the GEMM
+@cuda.jit(device=True, inline=True)
+def im2col_value(x, crs, j, R, S, stride, pad, P, Q):
+    """Entry (crs, j) of the im2col matrix: tap (c, r, s) of output pixel j = (n, p, q); 0 in the padding."""
+    H, W = x.shape[2], x.shape[3]
+    c = crs // (R * S)
+    r = (crs // S) % R
+    s = crs % S
+    n = j // (P * Q)
+    pq = j % (P * Q)
+    h = (pq // Q) * stride - pad + r
+    ww = (pq % Q) * stride - pad + s
+    return x[n, c, h, ww] if (0 <= h < H and 0 <= ww < W) else float32(0.0)
+
+
 @cuda.jit
 def im2col_kernel(col, x, R, S, stride, pad, P, Q):
     # col (C R S, N P Q) <- x (N,C,H,W): thread (j, row) copies one tap of one window; j is fastest so a
@@ -572,15 +586,7 @@ def im2col_kernel(col, x, R, S, stride, pad, P, Q):
     row = cuda.blockIdx.y
     if j >= col.shape[1]:
         return
-    H, W = x.shape[2], x.shape[3]
-    c = row // (R * S)
-    r = (row // S) % R
-    s = row % S
-    n = j // (P * Q)
-    pq = j % (P * Q)
-    h = (pq // Q) * stride - pad + r
-    ww = (pq % Q) * stride - pad + s
-    col[row, j] = x[n, c, h, ww] if (0 <= h < H and 0 <= ww < W) else float32(0.0)
+    col[row, j] = im2col_value(x, row, j, R, S, stride, pad, P, Q)
 
 
 @cuda.jit
@@ -1302,15 +1308,7 @@ def im2col_t_kernel(colt, x, R, S, stride, pad, P, Q):
     j = cuda.blockIdx.x  # grid x: N P Q can pass the 65 535 blocks grid y allows
     if crs >= colt.shape[1]:
         return
-    H, W = x.shape[2], x.shape[3]
-    c = crs // (R * S)
-    r = (crs // S) % R
-    s = crs % S
-    n = j // (P * Q)
-    pq = j % (P * Q)
-    h = (pq // Q) * stride - pad + r
-    ww = (pq % Q) * stride - pad + s
-    colt[j, crs] = x[n, c, h, ww] if (0 <= h < H and 0 <= ww < W) else float32(0.0)
+    colt[j, crs] = im2col_value(x, crs, j, R, S, stride, pad, P, Q)
 
 
 @cuda.jit
