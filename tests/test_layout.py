@@ -68,6 +68,7 @@ LAYER = {"paths": 1, "simulator": 1, "device": 1, "compiler": 1,
          "registry": 2,
          "parity": 3, "ptx": 3, "usage": 3,                     # usage: the command line's argument checks
          "ops": 4, "runtime": 4,                                # the dispatcher serves the model
+         "dist": 4,                                             # collectives: ranks, schedules, NCCL
          "model": 5,
          "tools": 6, "figures": 6, "plots": 6, "doctor": 6, "mlp": 6, "pitfalls": 6, "benchall": 6,
          "cli": 7, "grading": 7,
