@@ -130,7 +130,7 @@ def make_inputs_alpha_beta(size, dtype, rng):
     beta = rng.uniform(10.0, 900.0, k)  # GB/s
     b = np.empty((k, 3))
     for i in range(k):
-        b[i] = rng.choice(2 ** np.arange(3, 31), 3, replace=False) * rng.integers(1, 4, 3)
+        b[i] = rng.choice(2 ** np.arange(3, 31), 3, replace=False) * rng.integers(1, 4)  # three distinct sizes
     t = alpha[:, None] + b[:, :2] / (beta[:, None] * 1e3)
     return b, t
 
