@@ -184,6 +184,9 @@ def build_parser() -> Parser:
     autotune.add_parser(sub)
     asm.add_parser(sub)
     cpuboard.add_parser(sub)
+    from .model import dp
+
+    dp.add_parser(sub)  # train-dp: the capstone data-parallel (chapter 21)
     for extra in EXTRA_COMMANDS:
         extra(sub)
     return p
