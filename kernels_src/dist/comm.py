@@ -236,8 +236,9 @@ class Comm:
                     s += f" op={list(OPS)[o]}"
                 if KINDS[k] == "broadcast":
                     s += f" root={rt}"
-                if KINDS[k] == "all_gather":
-                    s += f" chunk ({e},)"
+                if KINDS[k] == "all_gather" and e:
+                    clo, chi = chunk_bounds(n_, self.size, r)
+                    s += f" from a chunk ({e - 1},) where chunk {r} has ({chi - clo},)"
                 return s + f" algorithm={ALGORITHMS[a]}"
             why = ("only float32 and float64 arrays can be reduced" if bad_dtype
                    else "the ranks disagree on what to do")
