@@ -145,6 +145,14 @@ class GPT:
         self.cos, self.sin = be.asarray(cos), be.asarray(sin)
         self.step = 0
         self.expert_load = None  # MoE: set to a list to record each forward's tokens per expert, per layer
+        # Data parallelism (kernels_src.model.dp): backward() calls on_grads_ready(layer, ranges) as soon as block
+        # `layer`'s gradients are final (layer None at the end: wte and gf), ranges = the (lo, hi) runs of gflat
+        # they fill; grad_scale multiplies the loss's gradient (1/n ranks: the all-reduced sum is the mean).
+        self.on_grads_ready = None
+        self.grad_scale = 1.0
+        self.grad_ranges = {i: _runs([self.offsets[n] for n in names if n.startswith(f"h{i}.")])
+                            for i in range(cfg.layers)}
+        self.grad_ranges[None] = _runs([self.offsets[n] for n in names if not n.startswith("h")])
 
     def _views(self, flat):
         return {n: flat[a:b].reshape(self.shapes[n]) for n, (a, b) in self.offsets.items()}
@@ -260,9 +268,13 @@ class GPT:
             mm_dx(be, dh, dqkv.reshape(N, 3 * C), p[f"h{i}.wqkv"])
             be("rmsnorm_bwd", dn, g[f"h{i}.g1"], dh, a["x"], a["r1"], p[f"h{i}.g1"])
             add(be, dx, dn, dx)
+            if self.on_grads_ready is not None:
+                self.on_grads_ready(i, self.grad_ranges[i])
         demb = be.ws("demb", (V, C))
         be("embedding_bwd", demb, act["ids"], dx, V)
         add(be, g["wte"], demb, g["wte"])
+        if self.on_grads_ready is not None:
+            self.on_grads_ready(None, self.grad_ranges[None])
 
     # ------------------------------------------------------------------------------------ MoE blocks
     def _moe_weights(self, i, src):
@@ -298,9 +310,9 @@ class GPT:
            aux=(cfg.aux_lb, cfg.aux_z))
 
     def _dloss(self, N):
-        key = ("dloss", N)
+        key = ("dloss", N, self.grad_scale)
         if key not in self.be._ws:
-            self.be._ws[key] = self.be.asarray(np.full(N, 1.0 / N, np.float32))
+            self.be._ws[key] = self.be.asarray(np.full(N, self.grad_scale / N, np.float32))
         return self.be._ws[key]
 
     def adamw(self, lr, beta1=0.9, beta2=0.95, eps=1e-8, wd=0.1):
@@ -511,6 +523,17 @@ class Decoder:
 
     def describe(self) -> str:
         return self.runner.describe()
+
+
+def _runs(ranges):
+    """(lo, hi) ranges -> the sorted contiguous runs they make: [(0, 4), (4, 9), (12, 13)] -> [(0, 9), (12, 13)]."""
+    out = []
+    for lo, hi in sorted(ranges):
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def mm_dx(be, out, G, W):
