@@ -10,6 +10,8 @@
     kernels cpuboard [--ops a,b] [--again]  every op's best CPU rung against torch (CPU) and NumPy, one run
     kernels asm OP [--variants a,b] [--json FILE]
                                            SIMD instructions in each CPU rung's machine code (did it vectorize?)
+    kernels collectives sweep [--sizes 8B..1GiB] [--impl nccl,ring,oneshot] [--json FILE]
+                                           all-reduce bus bandwidth across GPUs (needs 2 GPUs)
 
 A bad value (an unknown op, variant or dtype, a size of the wrong rank or below 1, a path that does not exist) is
 refused before any work with one line on stderr, ``kernels CMD: error: ...``, and exit status 2; no command
@@ -187,6 +189,9 @@ def build_parser() -> Parser:
     from .model import dp
 
     dp.add_parser(sub)  # train-dp: the capstone data-parallel (chapter 21)
+    from .dist import sweep as collectives
+
+    collectives.add_parser(sub)  # kernels collectives sweep: all-reduce across GPUs (course ring, one-shot, NCCL)
     for extra in EXTRA_COMMANDS:
         extra(sub)
     return p
