@@ -259,11 +259,11 @@ def oneshot_cpu(out, x, mode):
     """out[r, i] = x[0, i] (+ or max) x[1, i] ... x[n-1, i] for every row r of out: each rank reads all n."""
     n, L = x.shape
     for r in range(out.shape[0]):
-        for i in range(L):
-            acc = x[0, i]
-            for k in range(1, n):
-                acc = _combine(acc, x[k, i], mode)
-            out[r, i] = acc
+        for i in range(L):  # rank order 0, 1, ..., n-1 for every element; row by row, so the loops stream
+            out[r, i] = x[0, i]
+        for k in range(1, n):
+            for i in range(L):
+                out[r, i] = _combine(out[r, i], x[k, i], mode)
 
 
 def _ring_cpu(buf, op):
