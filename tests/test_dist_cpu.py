@@ -138,7 +138,7 @@ def test_ranks_that_disagree_all_get_a_clear_error():
         size_msg, dtype_msg, int_msg, chunk_msg, after = msgs
         assert "rank 0: all_reduce of float32 (5,)" in size_msg and "rank 1: all_reduce of float32 (6,)" in size_msg
         assert "float32 (5,)" in dtype_msg and "float64 (5,)" in dtype_msg
-        assert "only float32 and float64" in int_msg
+        assert "only contiguous float32 and float64" in int_msg
         assert "from a chunk (4,) where chunk 1 has (3,)" in chunk_msg
         assert after == [3.0, 3.0, 3.0]
     assert results[0] == results[1]

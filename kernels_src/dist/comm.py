@@ -240,7 +240,7 @@ class Comm:
                     clo, chi = chunk_bounds(n_, self.size, r)
                     s += f" from a chunk ({e - 1},) where chunk {r} has ({chi - clo},)"
                 return s + f" algorithm={ALGORITHMS[a]}"
-            why = ("only float32 and float64 arrays can be reduced" if bad_dtype
+            why = ("only contiguous float32 and float64 arrays can take part" if bad_dtype
                    else "the ranks disagree on what to do")
             self._done()
             raise CollectiveError(f"{kind} #{self._seq}: {why}: " + "; ".join(say(r) for r in range(self.size)))
