@@ -51,8 +51,13 @@ DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 DTYPE_NAMES = {0: "unsupported", 1: "float32", 2: "float64"}
 KINDS = ["barrier", "all_reduce", "reduce_scatter", "all_gather", "broadcast"]
 # control block, one int64 row per rank
-SEQ, STATE, KIND, LENGTH, DTYPE, OP, ROOT, ALGO, GEN, EXTRA, ARRIVED, CAP, ALIVE = range(13)
-NFIELDS = 13
+SEQ, STATE, GEN, ARRIVED, CAP, ALIVE = range(6)
+# what the rank is about to do (kind, length, dtype, op, root, algorithm, extra), in one of two slots by the
+# parity of the collective's number: a fast rank may write its next entry while a slow one still reads this
+# one, but it cannot get two collectives ahead (that needs everybody at the next handshake)
+HEADER = (6, 13)
+HEADER_LEN = 7
+NFIELDS = 6 + 2 * HEADER_LEN
 STARTUP_S = 120.0  # how long the ranks may take to start (import NumPy and Numba)
 IN_USER, IN_COLLECTIVE, FINISHED = 0, 1, 2
 STATE_NAMES = {IN_USER: "in its own code", IN_COLLECTIVE: "in a collective", FINISHED: "finished"}
@@ -222,11 +227,11 @@ class Comm:
         """Publish what this rank is about to do, wait for everybody, and check that all agree."""
         self._seq += 1
         row = self._row()
+        h = HEADER[self._seq % 2]
+        row[h:h + HEADER_LEN] = (KINDS.index(kind), length, dtype_code, op, root, algo, extra)
         row[SEQ], row[STATE] = self._seq, IN_COLLECTIVE
-        row[KIND], row[LENGTH], row[DTYPE], row[OP], row[ROOT], row[ALGO], row[EXTRA] = (
-            KINDS.index(kind), length, dtype_code, op, root, algo, extra)
         self._wait_all(f"the start of {kind} #{self._seq}")
-        rows = self.ctl[:, [KIND, LENGTH, DTYPE, OP, ROOT, ALGO, EXTRA]].copy()
+        rows = self.ctl[:, h:h + HEADER_LEN].copy()
         bad_dtype = [r for r in range(self.size) if kind != "barrier" and rows[r, 2] == 0]
         if bad_dtype or (rows != rows[0]).any():
             def say(r):
@@ -287,7 +292,7 @@ class Comm:
         self._grow(x.nbytes)
         mine = self._buffer(self.rank, x.dtype, x.size)
         mine[:] = x.ravel()
-        self._wait_all(f"the exchange of {KINDS[int(self._row()[KIND])]} #{self._seq}")
+        self._wait_all(f"the exchange of {KINDS[int(self._row()[HEADER[self._seq % 2]])]} #{self._seq}")
         return mine
 
     def _reduce_ring(self, x, op, owned_offset):
