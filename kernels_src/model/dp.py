@@ -66,6 +66,7 @@ CONFIGS = {  # name -> (config, batch per rank, sequence length)
     "tiny": (dict(vocab=29, ctx=16, width=32, heads=2, layers=2), 2, 8),
     "small": (dict(vocab=96, ctx=64, width=64, heads=2, layers=2), 4, 32),
     "bench": (dict(vocab=96, ctx=256, width=512, heads=8, layers=4), 16, 256),  # model/bench.py's H100 config
+    "large": (dict(vocab=96, ctx=1024, width=768, heads=12, layers=12), 4, 1024),  # model/bench.py's LARGE
 }
 FAULTS = (None, "sum", "skip_last_bucket")  # deliberate bugs, so the tests can show that they catch them
 
@@ -257,7 +258,7 @@ class DataParallel:
     """One rank's replica: ``train_step(ids, targets, lr)`` on this rank's slice, returning the global mean loss.
     After each step ``last`` holds {"allreduce_ms", "exposed_ms", "timeline"} of that step."""
 
-    def __init__(self, model: GPT, engine, bucket_bytes: int = 0, fault=None):
+    def __init__(self, model: GPT, engine, bucket_bytes: int = 0, fault=None, overlap=True):
         if model.cfg.experts:
             raise ValueError("data parallelism is not built for the MoE model (its auxiliary losses are per rank)")
         if fault not in FAULTS:
@@ -265,8 +266,8 @@ class DataParallel:
         self.model, self.engine, self.fault = model, engine, fault
         self.buckets = plan_buckets(model, bucket_bytes)
         self.by_layer: dict = {}
-        for b in self.buckets:
-            self.by_layer.setdefault(b.after, []).append(b)
+        for b in self.buckets:  # overlap=False: every bucket waits for the end of backward (the comparison)
+            self.by_layer.setdefault(b.after if overlap else None, []).append(b)
         if fault == "skip_last_bucket":
             self.by_layer[None] = self.by_layer[None][:-1]
         model.grad_scale = 1.0 if fault == "sum" else 1.0 / engine.size
@@ -351,14 +352,15 @@ def _params(spec):
 
 
 def make_spec(config="tiny", ranks=2, steps=5, batch_per_rank=None, seq=None, lr=None, seed=0, bucket_mb=0.0,
-              data=None, spread=0.0, fault=None, record=False, warmup=None, timeline_step=None) -> dict:
+              data=None, spread=0.0, fault=None, record=False, warmup=None, timeline_step=None,
+              overlap=True) -> dict:
     """Everything a rank needs to run (a JSON-able dict)."""
     cfg, B, T = CONFIGS[config]
     spec = {"config_name": config, "config": dict(cfg), "ranks": ranks, "steps": steps,
             "batch_per_rank": batch_per_rank or B, "seq": seq or T,
             "lr": lr if lr is not None else (1e-2 if config == "tiny" else 1e-3), "seed": seed,
             "bucket_bytes": int(bucket_mb * 2**20), "data": data or ("random" if config == "tiny" else "prose"),
-            "spread": spread, "fault": fault, "record": record,
+            "spread": spread, "fault": fault, "record": record, "overlap": overlap,
             "warmup": warmup if warmup is not None else min(3, max(steps - 1, 0)),
             "warmup_lr": 1 if config == "tiny" else 10}
     spec["timeline_step"] = steps - 1 if timeline_step is None else timeline_step
@@ -372,7 +374,7 @@ def run_rank(engine_factory, spec: dict, be, quiet=False) -> dict:
     cfg, p = _params(spec)
     model = GPT(cfg, p, be)
     engine = engine_factory(model)
-    dp = DataParallel(model, engine, spec["bucket_bytes"], spec.get("fault"))
+    dp = DataParallel(model, engine, spec["bucket_bytes"], spec.get("fault"), spec.get("overlap", True))
     tokens = _tokens(spec)
     rows = rank_rows(spec, engine.rank)
     n = engine.size
@@ -472,7 +474,11 @@ def gpu_rank_envs(nranks: int, port: int, base=None) -> list:
 def run_gpu(spec: dict, timeout: float = 540.0) -> list:
     """Start one process per GPU (``python -m kernels_src.model.dp --rank R SPEC OUTDIR``), wait for all; a rank
     that fails or a run past ``timeout`` stops every rank and raises RuntimeError naming the rank."""
+    import signal
+
     n = spec["ranks"]
+    if hasattr(signal, "SIGTERM"):  # `timeout` sends SIGTERM: unwind, so that the finally below stops the ranks
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="dp_") as tmp:
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
@@ -559,7 +565,7 @@ def summarize(spec: dict, results: list, single=None, concat=None, device_name="
     out = {"meta": {"device": device_name, "ngpus": n, "engine": "nccl" if device_name != "cpu" else "course",
                     "config": spec["config"], "config_name": spec["config_name"],
                     "batch_per_gpu": spec["batch_per_rank"], "seq": spec["seq"], "lr": spec["lr"],
-                    "warmup_steps_excluded": w, "data": spec["data"],
+                    "warmup_steps_excluded": w, "data": spec["data"], "overlap": spec["overlap"],
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "command": "python -m kernels_src " + " ".join(sys.argv[1:]) if extra is None else extra,
                     "buckets": r0["buckets"], "timeline_step": spec["timeline_step"] + 1,
@@ -598,6 +604,8 @@ def add_parser(sub) -> None:
     s.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
     s.add_argument("--bucket-mb", type=float, default=0.0,
                    help="merge blocks into buckets of at least this many MiB (0: one bucket per block)")
+    s.add_argument("--no-overlap", action="store_true",
+                   help="start every bucket's all-reduce after backward (to measure what the overlap buys)")
     s.add_argument("--compare", action="store_true",
                    help="also run one process on the concatenated batch (and, on the GPU, one GPU at the same "
                         "batch per GPU) and report the loss difference and the speedup")
@@ -613,7 +621,8 @@ def cmd_train_dp(args) -> int:
         raise UsageError(f"--ranks {args.ranks}: at most 64")
     if args.bucket_mb < 0:
         raise UsageError(f"--bucket-mb {args.bucket_mb}: must be >= 0")
-    spec = make_spec(args.config, args.ranks, args.steps, args.batch_per_rank, args.seq, bucket_mb=args.bucket_mb)
+    spec = make_spec(args.config, args.ranks, args.steps, args.batch_per_rank, args.seq, bucket_mb=args.bucket_mb,
+                     overlap=not args.no_overlap)
     if spec["seq"] > spec["config"]["ctx"]:
         raise UsageError(f"--seq {spec['seq']}: the {args.config} config holds at most {spec['config']['ctx']} tokens")
     spec["compare"] = args.compare
