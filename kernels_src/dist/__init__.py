@@ -5,4 +5,5 @@
 - ``comm``: CPU ranks, one process each, on shared memory (works on a laptop and in CI).
 - ``gpu``: one process per GPU, peers' buffers opened through CUDA IPC; the course's ring and one-shot all-reduce.
 - ``nccl``: the same collectives through NCCL, the engine users trust.
+- ``sweep``: ``kernels collectives sweep``, the all-reduce bus-bandwidth sweep across GPUs (ring, one-shot, NCCL).
 """
