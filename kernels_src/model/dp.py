@@ -601,7 +601,7 @@ def add_parser(sub) -> None:
     s.add_argument("--steps", type=positive_int, default=5)
     s.add_argument("--batch-per-rank", type=positive_int, help="sequences per rank per step (default: the config's)")
     s.add_argument("--seq", type=positive_int, help="tokens per sequence (default: the config's)")
-    s.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
+    s.add_argument("--config", choices=sorted(CONFIGS), help="model size (default: tiny on the CPU, bench on GPUs)")
     s.add_argument("--bucket-mb", type=float, default=0.0,
                    help="merge blocks into buckets of at least this many MiB (0: one bucket per block)")
     s.add_argument("--no-overlap", action="store_true",
@@ -621,6 +621,7 @@ def cmd_train_dp(args) -> int:
         raise UsageError(f"--ranks {args.ranks}: at most 64")
     if args.bucket_mb < 0:
         raise UsageError(f"--bucket-mb {args.bucket_mb}: must be >= 0")
+    args.config = args.config or ("bench" if args.device == "gpu" else "tiny")
     spec = make_spec(args.config, args.ranks, args.steps, args.batch_per_rank, args.seq, bucket_mb=args.bucket_mb,
                      overlap=not args.no_overlap)
     if spec["seq"] > spec["config"]["ctx"]:
