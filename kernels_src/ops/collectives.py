@@ -453,7 +453,10 @@ def _reg_gpu(op):
     def gpu_oneshot(out, x):
         """One kernel, one thread per output element, reading the element's column of all n ranks (the one-shot
         algorithm: each rank reads every peer). One launch whatever n: the small-message algorithm; for large
-        messages each rank reads n L elements, n/(2(n-1)/n) times the ring's traffic."""
+        messages each rank reads n L elements, n/(2(n-1)/n) times the ring's traffic. With all n virtual ranks
+        on one GPU that is n * n * L reads in all: predict n/2 times torch's time (torch sums once and copies).
+        Measured on an H200 (book/data/bench/h200x2/allreduce_sum_gpu.json): 0.80 ms against torch's 0.66 ms at
+        n = 2, L = 2**26; 1.83 ms against 0.53 ms at n = 8, L = 2**24, where the 4.3 GB it reads run at ~2.6 TB/s."""
         n, L = x.shape
         if n * L == 0:
             return
@@ -473,7 +476,9 @@ def _reg_gpu(op):
         """The ring schedule, one kernel launch per step over every rank's (send, receive) chunk pair, each
         thread reading the sending rank's row: 2(n-1) launches of L/n elements per rank for an all-reduce.
         On one GPU the "link" is HBM and each step is a few microseconds of launch: this rung checks the
-        schedule, it is not meant to beat the one-shot kernel here."""
+        schedule, it is not meant to beat the one-shot kernel here. Each step reads two chunks and writes one
+        per rank, 3 L elements in all, after a copy of x (2 n L): predict (2n + 6(n-1)) L elements of traffic.
+        Measured on an H200: 1.5 ms at n = 2, L = 2**26 (2.7 GB, ~1.8 TB/s) and 2.26 ms at n = 8, L = 2**24."""
         n, L = x.shape
         if n * L == 0:
             return
