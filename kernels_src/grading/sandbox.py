@@ -40,7 +40,8 @@ CONFINE = os.environ.get("KERNELS_GRADING_CONFINE", "1") != "0"  # 0: no uid cha
 RUNTIME_FILES = ("device.py", "simulator.py", "ptx.py", "compiler/__init__.py", "compiler/launch.py", "compiler/vec.py",
                  "compiler/cpubits.py", "compiler/inline_ptx.py", "compiler/halfbits.py", "compiler/sysflags.py",
                  "grading/__init__.py", "grading/spec.py", "grading/worker.py", "grading/racecheck.py",
-                 "grading/sandbox.py", "grading/confine.py", "grading/kernelpack.py")
+                 "grading/sandbox.py", "grading/confine.py", "grading/kernelpack.py",
+                 "grading/perfworker.py")
 RUNTIME_INIT = '''"""The grader's runtime copy of kernels_src: only what a sandboxed grading process needs (where kernels run,
 the compiler door, the simulator, the worker). The course's references, helpers and model are not here."""
 from . import device

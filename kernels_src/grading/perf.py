@@ -1,0 +1,540 @@
+"""Speed questions: a score from the fraction of the roofline a student's kernel reaches, in a harness that
+cannot be gamed (``kernels grade --perf``; see ``book/how_grading_works.md``, "How speed is graded").
+
+A speed question is declared in the exercise's solution master, in a line of its own (inside a ```` ```text ````
+block the students see)::
+
+    perf: {"question": "q1", "function": "gemv_rows", "kind": "cpu", "op": "gemv", "size": [2048, 2048], "full": 0.5, "zero": 0.1}
+
+Keys: ``kind`` "cpu" (an ``@njit`` function) or "gpu" (a launcher and its ``kernels``), ``op`` (a registered
+op: inputs, reference, tolerance, bytes and FLOPs), ``size`` (the op's size), ``full``/``zero`` (the fraction
+for full credit and the fraction at or below which there is none; linear between), ``gpu_size`` (the size
+on a GPU, default ``size``), ``points`` (default 1), ``args``, ``kernels``, ``allow``.
+
+**What is measured.** The fraction is *ideal time / the student's time*, where the ideal is measured in the
+same run, on the same machine:
+
+- a GPU question (memory-bound): the op's bytes over the copy bandwidth measured in this run
+  (:func:`kernels_src.bench.measure_copy`: the fastest of the course's copies, CUDA events, L2 flushed);
+- a CPU question: NumPy doing the same op on the same inputs (its BLAS for products), timed in the same
+  way as the student's function, so a score means the same thing on a laptop and on the grading machine.
+  The bytes over the measured copy bandwidth is reported next to it, for information.
+
+**The harness.** The grader's process owns everything that decides the score; the student's function runs
+in a sandboxed worker (:mod:`.perfworker`) rebuilt from its ``def`` text, and only on the grader's word:
+
+- fresh inputs for every timed run, drawn from a seed taken from the operating system's random source
+  (never shown to the worker), copied into freshly allocated arrays after a pad of random size;
+- outputs poisoned before every run, and every run's outputs compared with the float64 reference at the
+  op's tolerance, warm-up runs included: a wrong, stale or unfinished output in any run means no speed credit;
+- caches flushed before every run (a sweep larger than the last-level cache on a CPU, twice the L2 on a GPU);
+- the clock is the grader's: it starts when the grader sends "go" and stops when the worker says "done",
+  which the worker's own code says only after the function returned and (GPU) ``cuda.synchronize()``
+  waited for every stream of the context; the cost of that exchange is measured (pings) and subtracted;
+- a physical floor: a time below bytes / (measured copy bandwidth x margin), or below bytes / the
+  datasheet bandwidth, or (compute-bound) below FLOPs / (the baseline's rate x margin), is rejected;
+- precision: the inputs are checked, once per question, to be such that the op computed from inputs
+  rounded to float16 or bfloat16 fails the tolerance, so a kernel computing in lower precision fails.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import secrets
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import parity
+from .spec import CheckSpec, GraderError
+
+_HDR = struct.Struct("<cQ")
+WARMUP = 2  # untimed runs first (compilation, first touch): still checked
+CPU_FLOOR_MARGIN = 4.0  # a CPU's caches and cores: a time below bytes / (4 x the measured copy) is impossible
+GPU_FLOOR_MARGIN = 1.25
+COMPUTE_FLOOR_MARGIN = 4.0
+PERF_LINE = re.compile(r"^perf:\s*(\{.*\})\s*$")
+SIM_LINE = ("no speed score in the simulator: GPU speed questions are graded on a GPU "
+            "(`kernels grade --perf` on a machine with one)")
+
+
+@dataclass(frozen=True)
+class PerfSpec:
+    question: str
+    function: str
+    kind: str
+    op: str
+    size: tuple
+    full: float
+    zero: float
+    gpu_size: tuple | None = None
+    points: float = 1.0
+    kernels: tuple = ()
+    args: tuple = ()
+    allow: tuple = ()
+    dtype: str = "float32"
+    runs: int = 5
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PerfSpec":
+        d = dict(d)
+        for k in ("size", "gpu_size", "kernels", "args", "allow"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
+        known = set(cls.__dataclass_fields__)
+        extra = set(d) - known
+        if extra:
+            raise GraderError(f"perf question: unknown keys {sorted(extra)}")
+        spec = cls(**d)
+        if not 0 <= spec.zero < spec.full:
+            raise GraderError(f"perf question {spec.question}: needs 0 <= zero < full")
+        return spec
+
+    @property
+    def title(self) -> str:
+        return f"`{self.function}` speed ({self.question}, {self.kind.upper()})"
+
+
+@dataclass
+class PerfVerdict:
+    question: str
+    title: str
+    status: str  # scored | fail (no speed credit) | skipped (simulator) | error (the grader's fault)
+    score: float = 0.0
+    points: float = 1.0
+    fraction: float | None = None  # ideal time / the student's time
+    roofline: float | None = None  # bytes / measured copy bandwidth / the student's time (memory-bound)
+    seconds: float | None = None  # the student's median time
+    baseline_seconds: float | None = None
+    ideal_seconds: float | None = None
+    yardstick: str = ""
+    size: tuple = ()
+    runs: int = 0
+    seed: int = 0
+    device: str = ""
+    feedback: str = ""
+    details: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def credit(fraction: float, zero: float, full: float) -> float:
+    """Linear partial credit: 0 at or below ``zero``, 1 at or above ``full``."""
+    if fraction is None or not np.isfinite(fraction):
+        return 0.0
+    return float(min(1.0, max(0.0, (fraction - zero) / (full - zero))))
+
+
+def physical_floor(nbytes: float, flops: float, *, copy_gbps: float | None, margin: float,
+                   datasheet_gbps: float | None = None, flops_rate: float | None = None) -> tuple[float, str]:
+    """The shortest time the machine allows for the op (seconds) and what sets it."""
+    floors = []
+    if copy_gbps:
+        floors.append((nbytes / (copy_gbps * 1e9 * margin), f"{nbytes / 1e6:.3g} MB at {margin:g} x the measured "
+                       f"copy bandwidth ({copy_gbps:.0f} GB/s)"))
+    if datasheet_gbps:
+        floors.append((nbytes / (datasheet_gbps * 1e9), f"{nbytes / 1e6:.3g} MB at the datasheet bandwidth "
+                       f"({datasheet_gbps:.0f} GB/s)"))
+    if flops_rate:
+        floors.append((flops / (flops_rate * COMPUTE_FLOOR_MARGIN), f"{flops / 1e9:.3g} GFLOP at "
+                       f"{COMPUTE_FLOOR_MARGIN:g} x the baseline's rate ({flops_rate / 1e9:.0f} GFLOP/s)"))
+    if not floors:
+        return 0.0, "no floor"
+    return max(floors, key=lambda f: f[0])
+
+
+# --------------------------------------------------------------------------------------- declarations
+def specs_from_master(path) -> list[PerfSpec]:
+    """The speed questions declared in a solution master (``perf: {...}`` lines)."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        m = PERF_LINE.match(line.strip())
+        if m:
+            out.append(PerfSpec.from_dict(json.loads(m.group(1))))
+    return out
+
+
+def all_specs() -> dict[str, list[PerfSpec]]:
+    from . import exercises
+
+    return {p.stem: s for p in exercises.masters() if (s := specs_from_master(p))}
+
+
+# ----------------------------------------------------------------------------------------- baselines
+def _np_softmax(y, x):
+    np.subtract(x, x.max(axis=-1, keepdims=True), out=y)
+    np.exp(y, out=y)
+    y /= y.sum(axis=-1, keepdims=True)
+
+
+def _np_axpy(out, a, x, y):
+    np.multiply(x, a, out=out)
+    out += y
+
+
+# What a user of NumPy would write for the op (outputs first, like the students' functions).
+NUMPY_BASELINES = {
+    "gemv": lambda y, x, W: np.dot(x, W, out=y),
+    "gemm": lambda C, A, B: np.matmul(A, B, out=C),
+    "softmax": _np_softmax,
+    "axpy": _np_axpy,
+}
+
+
+# ----------------------------------------------------------------------------------------- timing
+class _Worker:
+    """The sandboxed perf worker, driven frame by frame over two pipes."""
+
+    def __init__(self, job: dict, source: str, device_mode: str, files: dict, timeout: float, memory: int):
+        from . import sandbox
+
+        self.work = Path(tempfile.mkdtemp(prefix="kgrade-perf-"))
+        self.timeout = timeout
+        (self.work / "submission.py").write_text(source, encoding="utf-8")
+        for name, arrays in (files or {}).items():
+            np.savez(self.work / name, **arrays)
+        ctl_r, ctl_w = os.pipe()
+        limits = {"RLIMIT_AS": memory, "RLIMIT_FSIZE": sandbox.OUTPUT_LIMIT, "RLIMIT_CORE": 0,
+                  "RLIMIT_CPU": int(timeout * 4 + 30)}
+        job = dict(job, limits=limits, ctl_fd=ctl_w, mode="perf")
+        runtime = sandbox.runtime_dir()
+        if sandbox.CONFINE:
+            job["confine"] = {"read": [runtime], "uid": sandbox._next_uid(), "net": True}
+        (self.work / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        env = {k: os.environ[k] for k in sandbox._PASS_ENV if k in os.environ}
+        env.update(HOME=str(self.work), TMPDIR=str(self.work), KERNELS_DEVICE=device_mode, PYTHONUNBUFFERED="1",
+                   PYTHONDONTWRITEBYTECODE="1", NUMBA_CACHE_DIR=str(self.work / ".numba"), OMP_NUM_THREADS="1",
+                   NUMBA_NUM_THREADS=os.environ.get("KERNELS_GRADING_NUMBA_THREADS", str(os.cpu_count() or 2)))
+        cmd = [sys.executable, "-I", os.path.join(runtime, "boot.py"), str(self.work / "job.json")]
+        self.out = open(self.work / "output.txt", "wb")
+        self.p = subprocess.Popen(cmd, cwd=self.work, env=env, stdout=self.out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.PIPE, start_new_session=True, pass_fds=(ctl_w,))
+        os.close(ctl_w)
+        self.ctl = ctl_r
+        self.stdin = self.p.stdin.fileno()
+
+    def send(self, tag: bytes, data: bytes = b"") -> None:
+        msg = memoryview(_HDR.pack(tag, len(data)) + data)
+        while msg:
+            msg = msg[os.write(self.stdin, msg):]
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.ctl], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(self.ctl, n - len(buf))
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return buf
+
+    def recv(self, timeout: float | None = None) -> tuple[bytes, bytes]:
+        deadline = time.monotonic() + (timeout or self.timeout)
+        tag, n = _HDR.unpack(self._read(_HDR.size, deadline))
+        return tag, (self._read(n, deadline) if n else b"")
+
+    def tail(self) -> str:
+        try:
+            self.out.flush()
+            return (self.work / "output.txt").read_text(errors="replace")[-1500:]
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        try:
+            self.send(b"Q")
+        except OSError:
+            pass
+        try:
+            self.p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.p.wait()
+        os.close(self.ctl)
+        self.out.close()
+        import shutil
+
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _frame(inputs: tuple, outputs: list, pad: int) -> bytes:
+    arrays, head = {}, {"inputs": [], "scalar": [], "outputs": [], "pad": pad}
+    for k, a in enumerate(inputs):
+        arrays[f"in{k}"] = np.asarray(a)
+        head["inputs"].append(f"in{k}")
+        head["scalar"].append(not isinstance(a, np.ndarray))
+    for k, o in enumerate(outputs):
+        arrays[f"out{k}"] = o
+        head["outputs"].append(f"out{k}")
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    h = json.dumps(head).encode()
+    return struct.pack("<Q", len(h)) + h + buf.getvalue()
+
+
+def _flush_cpu(state={}):  # noqa: B006  (one buffer per grading process)
+    if "buf" not in state:
+        state["buf"] = np.zeros((64 << 20) // 8)
+    state["buf"] += 1.0
+
+
+def _time_numpy(fn, outs, ins) -> float:
+    _flush_cpu()
+    t0 = time.perf_counter()
+    fn(*outs, *ins)
+    return time.perf_counter() - t0
+
+
+def _cpu_copy_gbps(nbytes: int, runs: int) -> float:
+    n = max(nbytes // 8, 1 << 20)  # float32 elements: copy n*4 bytes, read + written
+    src = np.random.default_rng(0).random(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    ts = []
+    for _ in range(max(runs, 5)):
+        _flush_cpu()
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        ts.append(time.perf_counter() - t0)
+    return 2 * n * 4 / float(np.median(ts)) / 1e9
+
+
+def precision_probe(op, inputs, refs, rtol, atol) -> list[str]:
+    """The reduced precisions these inputs can tell from float32: those whose rounded inputs fail the tolerance."""
+    told = []
+    for name, rnd in (("float16", lambda a: a.astype(np.float16).astype(np.float64)),
+                      ("bfloat16", lambda a: (a.astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000))
+                       .view(np.float32).astype(np.float64))):
+        low = tuple(rnd(a) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in inputs)
+        try:
+            lows = parity.reference_outputs(op, low)
+        except Exception:  # noqa: BLE001
+            continue
+        if any(not parity.compare("p", lo.astype(np.float32), r, rtol, atol).ok for lo, r in zip(lows, refs)):
+            told.append(name)
+    return told
+
+
+def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: str | None = None,
+               timeout: float = 120.0) -> PerfVerdict:
+    """Grade one speed question of ``bundle`` (the student's notebook). Never raises for the student's code."""
+    from .. import device
+    from . import checks, exercise_ops, kernelpack, sandbox
+
+    mode = device_mode or device.MODE
+    seed = secrets.randbits(63) if seed is None else int(seed)
+    v = PerfVerdict(spec.question, spec.title, "fail", points=spec.points, seed=seed)
+    if spec.kind == "gpu" and mode != "gpu":
+        v.status, v.feedback = "skipped", f"{spec.title}: {SIM_LINE}"
+        return v
+    op = exercise_ops.find_op(spec.op)
+    size = tuple(spec.gpu_size or spec.size) if spec.kind == "gpu" else tuple(spec.size)
+    v.size = size
+    dtype = np.dtype(spec.dtype)
+    rng = np.random.default_rng(seed)
+    rtol, atol = parity.resolve_tol(op.tol, dtype, size)
+    nbytes = float(op.bytes(size, dtype.itemsize))
+    flops = float(op.flops(size))
+
+    def fail(lines, status="fail"):
+        v.status = status
+        v.score = 0.0
+        v.feedback = "\n".join([f"{spec.title}: no speed credit"] + ["  " + ln for ln in lines])
+        return v
+
+    # the plan run (the notebook's code, decoy inputs) and the functions to grade, checked against the text
+    first = parity.as_tuple(op.make_inputs(size, dtype, rng))
+    refs = parity.reference_outputs(op, first)
+    told = precision_probe(op, first, refs, rtol, atol)
+    if "float16" not in told:
+        raise GraderError(f"perf question {spec.question}: inputs of {spec.op} at {size} cannot tell a float16 "
+                          "computation from a float32 one at the op's tolerance")
+    cspec = CheckSpec(spec.kind, spec.function, spec.op, spec.kernels, (size,), args=spec.args, allow=spec.allow,
+                      dtype=spec.dtype)
+    case = (op.describe_size(size), size, first, refs)
+    job, arrays = checks._make_job(cspec, bundle, [case])
+    files = {}
+    memory = max(sandbox.DEFAULT_MEMORY, int(12 * nbytes) + (3 << 30))
+    if spec.kind == "gpu":
+        decoys = checks._decoy_cases(cspec, op, [case], seed + 1)
+        files = {"decoys.npz": checks._decoy_arrays(job, arrays, decoys)}
+    res = sandbox.run(dict(job, mode="plan"), bundle.source, files=files, device_mode="sim", timeout=timeout,
+                      memory=memory)
+    lines = checks._sandbox_failure(res)
+    if lines is not None:
+        return fail(lines)
+    payload = res.payload
+    if payload.get("status", "ok") != "ok":
+        return fail(payload.get("message", "your code could not be loaded").splitlines())
+    plan, plan_files = None, {}
+    if spec.kind == "gpu":
+        plans = payload.get("plans") or []
+        if not plans:
+            return fail(["the grader received no launch plan from your launcher"])
+        problems = checks._plan_problems(cspec, plans[0], res.outputs, job["n_outputs"], {})
+        if problems:
+            return fail(problems)
+        plan = plans[0][0]
+        plan_files = {"plan.npz": {k: a for k, a in res.outputs.items() if k.startswith("c0s0_")}}
+    roots = {spec.function: "cpu"} if spec.kind == "cpu" else \
+        {k: "gpu" for k in sorted(set(spec.kernels) | checks._launched_kernels(payload))}
+    problems, pack = kernelpack.validate(bundle.source, payload.get("described") or {}, roots, allow=spec.allow,
+                                         line_of=lambda ln: checks._bundle_where(bundle, ln))
+    if problems:
+        return fail(problems)
+
+    # the yardsticks, measured now, on this machine
+    sheet = None
+    if spec.kind == "gpu":
+        from .. import bench
+
+        copy = bench.measure_copy(n=64 << 20, repeat=10)
+        copy_gbps, v.yardstick = copy["copy_gbps"], copy["copy_what"]
+        sheet = bench.datasheet()
+        v.device = device.describe().get("name", "GPU")
+    else:
+        from .. import bench
+
+        copy_gbps = _cpu_copy_gbps(int(nbytes), spec.runs)
+        v.device = bench.cpu_model()
+
+    # the timed runs
+    wjob = {"backend": spec.kind, "function": spec.function, "pack": pack, "plan": plan, "allow": list(spec.allow),
+            "line_map": bundle.line_map}
+    w = _Worker(wjob, bundle.source, "gpu" if spec.kind == "gpu" else "sim", plan_files, timeout, memory)
+    times, base_times, problems = [], [], []
+    baseline = NUMPY_BASELINES.get(spec.op) if spec.kind == "cpu" else None
+    if spec.kind == "cpu" and baseline is None:
+        w.close()
+        raise GraderError(f"perf question {spec.question}: no NumPy baseline for op {spec.op!r}")
+    try:
+        tag, _ = w.recv()
+        if tag != b"R":
+            return fail([f"the process running your code stopped before it was ready: {w.tail()}"])
+        pings = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            w.send(b"P")
+            w.recv()
+            pings.append(time.perf_counter() - t0)
+        overhead = float(np.median(pings))
+        total = WARMUP + spec.runs
+        for r in range(total):
+            inputs = first if r == 0 else parity.as_tuple(op.make_inputs(size, dtype, rng))
+            refs_r = refs if r == 0 else parity.reference_outputs(op, inputs)
+            outs = parity.empty_outputs(refs_r, spec.dtype)
+            w.send(b"I", _frame(inputs, outs, int(rng.integers(64, 1 << 16)) * 64 + int(rng.integers(0, 64)) * 4))
+            tag, data = w.recv()
+            if tag == b"E":
+                info = json.loads(data)
+                return fail([f"run {r + 1}: {info.get('type')}: {info.get('message')}"
+                             + (f" at {info['where']}" if info.get("where") else "")])
+            if tag != b"A":
+                return fail([f"run {r + 1}: the process running your code stopped: {w.tail()}"])
+            t0 = time.perf_counter()
+            w.send(b"G")
+            tag, data = w.recv()
+            t1 = time.perf_counter()
+            if tag == b"E":
+                info = json.loads(data)
+                return fail([f"run {r + 1}: your code raised {info.get('type')}: {info.get('message')}"
+                             + (f" at {info['where']}" if info.get("where") else "")])
+            if tag != b"D":
+                return fail([f"run {r + 1}: the process running your code stopped: {w.tail()}"])
+            tag, data = w.recv()
+            if tag != b"O":
+                return fail([f"run {r + 1}: no outputs came back"])
+            with np.load(io.BytesIO(data), allow_pickle=False) as z:
+                got = [z[f"out{k}"] for k in range(len(outs))]
+            for k, (g, ref) in enumerate(zip(got, refs_r)):
+                rep = parity.compare(op.output_names[k] if k < len(op.output_names) else f"out{k}", g, ref,
+                                     rtol, atol)
+                if not rep.ok:
+                    unwritten = int(parity.is_poison(g).sum()) if g.shape == ref.shape else 0
+                    why = (f"{unwritten} elements never written (still the poison)" if unwritten else
+                           f"{rep.n_bad} of {rep.n_total} elements wrong, max rel err {rep.max_rel:.3g} "
+                           f"(allowed {rtol:g}: a float16/bfloat16 computation fails here)")
+                    problems.append(f"run {r + 1} of {total} (fresh inputs): {rep.name}: {why}")
+            if problems:
+                return fail(problems + ["every timed run's outputs are checked, on new inputs each time: an output "
+                                        "that is right only once (reused, cached, or finished later) earns nothing"])
+            if r >= WARMUP:
+                times.append(max(t1 - t0 - overhead, 1e-9))
+            if baseline is not None:
+                bouts = parity.empty_outputs(refs_r, spec.dtype)
+                bt = _time_numpy(baseline, bouts, inputs)
+                if r >= WARMUP:
+                    base_times.append(bt)
+    except (TimeoutError, EOFError, BrokenPipeError, OSError) as e:
+        return fail([f"the process running your code stopped answering ({type(e).__name__}): {w.tail()}"])
+    finally:
+        w.close()
+
+    t = float(np.median(times))
+    v.seconds, v.runs = t, len(times)
+    ideal_copy = nbytes / (copy_gbps * 1e9)
+    v.roofline = ideal_copy / t
+    if spec.kind == "gpu":
+        v.ideal_seconds = ideal_copy
+        v.fraction = v.roofline
+        floor, why = physical_floor(nbytes, flops, copy_gbps=copy_gbps, margin=GPU_FLOOR_MARGIN,
+                                    datasheet_gbps=(sheet or {}).get("hbm_gbps"))
+        what = f"{nbytes / 1e6:.3g} MB / {copy_gbps:.0f} GB/s (copy bandwidth measured in this run)"
+    else:
+        tb = float(np.median(base_times))
+        v.baseline_seconds = v.ideal_seconds = tb
+        v.fraction = tb / t
+        rate = flops / tb if op.kind == "compute" else None
+        floor, why = physical_floor(nbytes, flops, copy_gbps=copy_gbps, margin=CPU_FLOOR_MARGIN, flops_rate=rate)
+        what = f"NumPy's time for the same op and inputs, measured in this run ({tb * 1e3:.3g} ms)"
+    v.details = {"copy_gbps": copy_gbps, "floor_s": floor, "floor": why, "overhead_s": overhead,
+                 "times_s": times, "baseline_times_s": base_times, "bytes": nbytes, "flops": flops,
+                 "precisions_rejected": told}
+    if t < floor:
+        v.fraction = None
+        return fail([f"median time {t * 1e6:.3g} us is below what the machine allows ({floor * 1e6:.3g} us: {why}): "
+                     "rejected as impossible"])
+    v.status = "scored"
+    c = credit(v.fraction, spec.zero, spec.full)
+    v.score = round(c * spec.points, 4)
+    v.feedback = "\n".join([
+        f"{spec.title}: {v.fraction:.0%} of the ideal -> {v.score:g} / {spec.points:g} "
+        f"(full credit at {spec.full:.0%}, none at or below {spec.zero:.0%})",
+        f"  your median time {t * 1e3:.4g} ms over {len(times)} timed runs ({WARMUP} warm-up), size {size}, "
+        f"on {v.device}",
+        f"  ideal: {what}",
+        f"  roofline: {v.roofline:.0%} of {nbytes / 1e6:.3g} MB at the copy bandwidth ({copy_gbps:.0f} GB/s)",
+        "  every run: fresh inputs, poisoned outputs checked, caches flushed, timed by the grader",
+    ])
+    return v
+
+
+def grade_notebook(path, questions=None, *, seed=None, slug: str | None = None) -> list[PerfVerdict]:
+    """Grade the speed questions of the notebook at ``path`` (its exercise from ``slug`` or its file name)."""
+    from . import bundle as bundle_mod
+    from . import exercises
+
+    nb = bundle_mod.read_notebook(path)
+    b = bundle_mod.from_notebook(nb)
+    slug = slug or Path(path).stem
+    masters = {p.stem: p for p in exercises.masters()}
+    if slug not in masters:
+        raise GraderError(f"no exercise named {slug}")
+    specs = [s for s in specs_from_master(masters[slug]) if not questions or s.question in questions]
+    return [grade_perf(s, b, seed=seed) for s in specs]

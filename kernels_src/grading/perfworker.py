@@ -1,0 +1,213 @@
+"""The sandboxed side of a speed question (``mode: perf`` of :mod:`.worker`): run the student's rebuilt function
+when the grader says so, and nothing else.
+
+The grader (:mod:`.perf`) owns the clock, the inputs, the references and the statistics. This process only:
+
+1. rebuilds the graded function from its ``def`` text (:func:`kernelpack.build`: no other statement of the
+   notebook runs here, so nothing the notebook did while loading, such as patching ``time`` or starting a
+   thread, exists in this process), then says ``R`` (ready) on its control pipe;
+2. for each run: reads a frame of inputs and poisoned outputs from stdin, copies them into *fresh* arrays
+   (after a pad of a size the grader chose, so no two runs see the same addresses), flushes the caches
+   (a sweep of a buffer larger than the last-level cache on a CPU, of twice the L2 on a GPU), says ``A``
+   (armed), waits for ``G`` (go), calls the function (a GPU answer: the recorded launches, replayed), waits
+   for the device to finish everything it was given (``cuda.synchronize()``: every stream of the context),
+   says ``D`` (done), then sends the outputs back for the grader to check.
+
+The grader starts its clock when it writes ``G`` and stops it when it reads ``D``; the student's compiled code
+cannot write to either pipe, so it can neither see nor move the clock.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import struct
+import sys
+
+_HDR = struct.Struct("<cQ")
+
+
+def _recv(f) -> tuple[bytes, bytes]:
+    head = f.read(_HDR.size)
+    if len(head) < _HDR.size:
+        return b"Q", b""
+    tag, n = _HDR.unpack(head)
+    data = f.read(n) if n else b""
+    return tag, data
+
+
+def _send(fd: int, tag: bytes, data: bytes = b"") -> None:
+    msg = _HDR.pack(tag, len(data)) + data
+    view = memoryview(msg)
+    while view:
+        k = os.write(fd, view)
+        view = view[k:]
+
+
+def perf_job(job, where, result) -> None:
+    import numpy as np
+
+    from .. import device
+    from . import kernelpack
+    from .worker import _exc_info, _progress, _replay, compiled_problems, precompile
+
+    ctl = int(job["ctl_fd"])
+    _progress("rebuilding your functions from their source")
+    made = kernelpack.build(os.path.abspath("submission.py"), job["pack"])
+    plan_arrays = {}
+    if os.path.exists("plan.npz"):
+        with np.load("plan.npz", allow_pickle=False) as z:
+            plan_arrays = {k: z[k] for k in z.files}
+    backend = job["backend"]
+    fn = made.get(job["function"]) if backend == "cpu" else None
+    gpu = backend == "gpu" and device.MODE == "gpu"
+    cuda = device.cuda if backend == "gpu" else None
+    if gpu:
+        flush_buf = cuda.device_array(max(int(job.get("flush_bytes", 256 << 20)), 1 << 20) // 4, dtype=np.float32)
+        flush_out = cuda.device_array(1, dtype=np.float32)
+
+        @cuda.jit
+        def _sweep(buf, v, out):
+            i = cuda.grid(1)
+            if i < buf.size and buf[i] == v:  # never true: the reads cannot be dropped
+                out[0] = v
+
+        _sweep[device.ceil_div(flush_buf.size, 256), 256](flush_buf, np.float32(-1.0), flush_out)
+        cuda.synchronize()
+    else:
+        flush_cpu = np.zeros(int(job.get("flush_bytes", 64 << 20)) // 8)
+    stdin = sys.stdin.buffer
+    _send(ctl, b"R")
+    checked = False
+    cache: dict = {}
+    alive: list = []  # the previous run's arrays stay allocated while the next ones are made: fresh addresses
+    n = 0
+    while True:
+        tag, data = _recv(stdin)
+        if tag == b"Q":
+            break
+        if tag == b"P":  # a ping: the cost of the round trip, which the grader subtracts
+            _send(ctl, b"D")
+            continue
+        if tag != b"I":
+            break
+        hlen = struct.unpack("<Q", data[:8])[0]
+        head = json.loads(data[8:8 + hlen])
+        with np.load(io.BytesIO(data[8 + hlen:]), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        del data
+        pad = np.empty(int(head["pad"]), dtype=np.uint8)  # moves every allocation that follows
+        ins, outs = [], []
+        for i, k in enumerate(head["inputs"]):
+            a = arrays[k]
+            if head["scalar"][i]:
+                ins.append(a[()])
+            else:
+                fresh = np.empty_like(a)
+                fresh[...] = a
+                ins.append(fresh)
+        for k in head["outputs"]:
+            fresh = np.empty_like(arrays[k])
+            fresh[...] = arrays[k]  # the poison, sent by the grader
+            outs.append(fresh)
+        err = None
+        if backend == "cpu" and not checked:
+            try:
+                precompile(fn, outs + ins)
+                bad = compiled_problems(fn, job.get("allow", ()))
+            except BaseException as e:  # noqa: BLE001
+                bad = None
+                err = _exc_info(e, where)
+            if bad:
+                _send(ctl, b"E", json.dumps({"type": "Shortcut", "message": "; ".join(bad)}).encode())
+                break
+            checked = True
+        if err is not None:
+            _send(ctl, b"E", json.dumps(err).encode())
+            break
+        if gpu:
+            d_pad = cuda.device_array(int(head["pad"]) + 1, dtype=np.uint8)
+            d_in = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in ins]
+            d_out = [cuda.to_device(o) for o in outs]
+            real = {("out", k): d for k, d in enumerate(d_out)}
+            real.update({("in", k): d for k, d in enumerate(d_in) if hasattr(d, "copy_to_host")})
+            _sweep[device.ceil_div(flush_buf.size, 256), 256](flush_buf, np.float32(-1.0 - n), flush_out)
+            cuda.synchronize()
+            alive = [d_pad, d_in, d_out]
+        else:
+            flush_cpu += 1.0  # evicts the inputs that were just written from every cache level
+            alive = [pad, ins, outs]
+        n += 1
+        _progress(f"timed run {n}")
+        _send(ctl, b"A")
+        tag, _ = _recv(stdin)
+        if tag != b"G":
+            break
+        try:
+            if gpu:
+                _replay_gpu(made, job["plan"], real, plan_arrays, cache)
+                cuda.synchronize()  # every stream of the context: work left running counts, or fails
+            else:
+                fn(*outs, *ins)
+            _send(ctl, b"D")
+        except BaseException as e:  # noqa: BLE001
+            info = _exc_info(e, where)
+            _send(ctl, b"E", json.dumps(info).encode())
+            break
+        got = [d.copy_to_host() for d in d_out] if gpu else outs
+        buf = io.BytesIO()
+        np.savez(buf, **{f"out{k}": np.asarray(g) for k, g in enumerate(got)})
+        _send(ctl, b"O", buf.getvalue())
+    del alive
+    result["runs"] = n
+
+
+def _replay_gpu(made, plan, real, plan_arrays, cache) -> None:
+    """The recorded launches on a real GPU, on this run's fresh device arrays (as ``worker._replay`` does in the
+    simulator). Arrays the launcher made (scratch, given constants) are copied to the device once."""
+    import numpy as np
+
+    from .. import device
+
+    cuda = device.cuda
+
+    def host_writes(writes):
+        for w in writes or []:
+            d = real.get((w["role"], w["k"]))
+            idx = plan_arrays.get(w["key"] + "_idx")
+            val = plan_arrays.get(w["key"] + "_val")
+            if d is None or idx is None or val is None:
+                continue
+            h = d.copy_to_host()
+            flat = h.reshape(-1)
+            ok = (idx >= 0) & (idx < flat.size)
+            flat[idx[ok]] = val[ok].astype(flat.dtype, copy=False)
+            d.copy_to_device(h)
+
+    for la in plan["launches"]:
+        host_writes(la.get("host_writes"))
+        kernel = made.get(la["kernel"])
+        if kernel is None or la["module"] != "submission":
+            continue
+        args = []
+        for a in la["args"]:
+            kind = a["kind"]
+            if kind in ("out", "in"):
+                args.append(real[(kind, a["k"])])
+            elif kind == "made":
+                if a["id"] not in cache:
+                    cache[a["id"]] = cuda.to_device(np.array(plan_arrays[a["key"]], copy=True))
+                args.append(cache[a["id"]])
+            elif kind == "scalar":
+                t = a["dtype"]
+                args.append({"int": int, "float": float, "bool": bool}[t](a["value"]) if t in ("int", "float", "bool")
+                            else np.dtype(t).type(a["value"]))
+            else:
+                raise TypeError(f"a kernel argument of kind {kind!r} (a view of an array) is not supported by "
+                                "speed questions: pass whole arrays")
+        grid, block = tuple(la["grid"]), tuple(la["block"])
+        if la.get("dynshared"):
+            kernel[grid, block, 0, la["dynshared"]](*args)
+        else:
+            kernel[grid, block](*args)
+    host_writes(plan.get("end_writes"))
