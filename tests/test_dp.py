@@ -144,3 +144,16 @@ def test_bad_input_is_one_line_and_exit_2(argv, capsys):
     err = capsys.readouterr().err
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_summary_speedup_is_n_ranks_over_one():
+    """The JSON's speedup: tokens/s of the n-rank run over the one-rank run at the same batch per rank."""
+    spec = dp.make_spec("tiny", ranks=2, steps=5, warmup=1)
+    rank = {"loss": [1.0] * 5, "step_s": [9.0, 0.1, 0.1, 0.1, 0.1], "allreduce_ms": [0.0] * 5,
+            "exposed_ms": [0.0] * 5, "buckets": [], "replicas_identical": True, "final_digest": "x"}
+    single = {"step_s": [9.0, 0.15, 0.15, 0.15, 0.15], "tokens_per_step": spec["batch_per_rank"] * spec["seq"]}
+    res = dp.summarize(spec, [rank, dict(rank)], single=single)
+    tok = {r["ranks"]: r["tokens_per_s"] for r in res["runs"]}
+    assert tok[2] == pytest.approx(2 * spec["batch_per_rank"] * spec["seq"] / 0.1)
+    assert tok[1] == pytest.approx(spec["batch_per_rank"] * spec["seq"] / 0.15)
+    assert res["speedup"] == pytest.approx(2 * 0.15 / 0.1)

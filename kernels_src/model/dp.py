@@ -265,15 +265,20 @@ class DataParallel:
             raise ValueError(f"fault {fault!r} is not one of {FAULTS}")
         self.model, self.engine, self.fault = model, engine, fault
         self.buckets = plan_buckets(model, bucket_bytes)
-        self.by_layer: dict = {}
-        for b in self.buckets:  # overlap=False: every bucket waits for the end of backward (the comparison)
-            self.by_layer.setdefault(b.after if overlap else None, []).append(b)
-        if fault == "skip_last_bucket":
-            self.by_layer[None] = self.by_layer[None][:-1]
+        self.set_overlap(overlap)
         model.grad_scale = 1.0 if fault == "sum" else 1.0 / engine.size
         model.on_grads_ready = self._ready
         engine.broadcast(model.flat)  # every replica starts from rank 0's parameters
         self.last: dict = {}
+
+    def set_overlap(self, overlap: bool):
+        """overlap=False: every bucket waits for the end of backward (the comparison)."""
+        self.overlap = overlap
+        self.by_layer = {}
+        for b in self.buckets:
+            self.by_layer.setdefault(b.after if overlap else None, []).append(b)
+        if self.fault == "skip_last_bucket":
+            self.by_layer[None] = self.by_layer[None][:-1]
 
     def _ready(self, layer, ranges):
         self.engine.mark(layer)
@@ -283,15 +288,21 @@ class DataParallel:
 
     def train_step(self, ids, targets, lr, **hyper):
         e, m = self.engine, self.model
-        _, loss = m.forward(ids, targets)
+        h0 = time.perf_counter()
+        _, loss = m.forward(ids, targets)  # ends with the loss on the host: a device sync
+        h1 = time.perf_counter()
         e.begin()
         m.backward()
+        h2 = time.perf_counter()
         e.finish()
         t_opt = e.now()
         m.adamw(lr, **hyper)
         t_end = e.now()
         loss = e.mean(loss)  # the global loss; on the GPU this waits for the whole step
+        h3 = time.perf_counter()
         self.last = self._summary(t_opt, t_end)
+        self.last["host_ms"] = {"forward": 1e3 * (h1 - h0), "backward_launch": 1e3 * (h2 - h1),
+                                "rest": 1e3 * (h3 - h2)}  # host clock: the backward's launches, not its run
         return loss
 
     def _summary(self, t_opt, t_end):
@@ -380,8 +391,14 @@ def run_rank(engine_factory, spec: dict, be, quiet=False) -> dict:
     n = engine.size
     out = {"rank": engine.rank, "loss": [], "step_s": [], "allreduce_ms": [], "exposed_ms": [], "digests": [],
            "buckets": [asdict(b) for b in dp.buckets]}
+    ab = spec.get("ab_block", 0)  # > 0: alternate blocks of ab_block steps with and without the overlap
+    if ab:
+        out["overlap"], out["timelines"] = [], {}
     for s in range(spec["steps"]):
         ids, tg = global_batch(spec, s, tokens)
+        if ab:
+            dp.set_overlap((s // ab) % 2 == 0)
+            out["overlap"].append(dp.overlap)
         if s == spec["timeline_step"] and hasattr(engine, "dist"):  # start the recorded step together
             engine.dist.barrier()
             engine.torch.cuda.synchronize()
@@ -392,6 +409,9 @@ def run_rank(engine_factory, spec: dict, be, quiet=False) -> dict:
         out["step_s"].append(dt)
         out["allreduce_ms"].append(dp.last["allreduce_ms"])
         out["exposed_ms"].append(dp.last["exposed_ms"])
+        out.setdefault("host_ms", []).append(dp.last["host_ms"])
+        if ab:
+            out["timelines"]["overlap" if dp.overlap else "no_overlap"] = dp.last["timeline"]
         if s == spec["timeline_step"]:
             out["timeline"] = dp.last["timeline"]
         if spec.get("record"):
@@ -577,11 +597,28 @@ def summarize(spec: dict, results: list, single=None, concat=None, device_name="
            "timeline": [e for r in results for e in r.get("timeline", [])],
            "replicas_identical": all(r["replicas_identical"] for r in results)
            and len({r["final_digest"] for r in results}) == 1}
+    for r in results:  # host time per step, per rank: a launch-bound rank shows here (median after warm-up)
+        hm = r.get("host_ms", [])[w:]
+        if hm:
+            out.setdefault("host_ms_median", {})[str(r["rank"])] = {k: float(np.median([h[k] for h in hm]))
+                                                                    for k in hm[0]}
+    if "overlap" in r0:  # the A/B run: blocks of steps with and without the overlap, in the same processes
+        ab = {}
+        for mode, flag in (("overlap", True), ("no_overlap", False)):
+            idx = [i for i in range(w, len(r0["step_s"])) if r0["overlap"][i] == flag]
+            ab[mode] = {"steps": len(idx), "step_ms_median": 1e3 * float(np.median([r0["step_s"][i] for i in idx])),
+                        "exposed_allreduce_ms_median": float(np.median([r0["exposed_ms"][i] for i in idx])),
+                        "host_ms_median": {str(r["rank"]): {k: float(np.median([r["host_ms"][i][k] for i in idx]))
+                                                            for k in r["host_ms"][0]} for r in results},
+                        "timeline": [e for r in results for e in r["timelines"].get(mode, [])]}
+        out["ab_overlap"] = ab
+        out["meta"]["ab_block"] = spec["ab_block"]
     if single is not None:
         s1 = float(np.median(single["step_s"][w:]))
-        out["runs"].insert(0, {"ranks": 1, "tokens_per_s": single["tokens_per_step"] / s1,
-                               "step_ms_median": 1e3 * s1, "steps": spec["steps"] - w})
-        out["speedup"] = runs[0]["tokens_per_s"] / out["runs"][0]["tokens_per_s"]
+        one = {"ranks": 1, "tokens_per_s": single["tokens_per_step"] / s1, "step_ms_median": 1e3 * s1,
+               "steps": spec["steps"] - w}
+        out["speedup"] = runs[0]["tokens_per_s"] / one["tokens_per_s"]  # n ranks over one, same batch per rank
+        out["runs"].insert(0, one)
     if concat is not None:
         out["loss"]["1"] = concat["loss"]
         d = [abs(a - b) for a, b in zip(r0["loss"], concat["loss"])]
@@ -606,6 +643,8 @@ def add_parser(sub) -> None:
                    help="merge blocks into buckets of at least this many MiB (0: one bucket per block)")
     s.add_argument("--no-overlap", action="store_true",
                    help="start every bucket's all-reduce after backward (to measure what the overlap buys)")
+    s.add_argument("--ab-overlap", type=positive_int, metavar="K",
+                   help="alternate blocks of K steps with and without the overlap in the same run (a fair A/B)")
     s.add_argument("--compare", action="store_true",
                    help="also run one process on the concatenated batch (and, on the GPU, one GPU at the same "
                         "batch per GPU) and report the loss difference and the speedup")
@@ -627,6 +666,7 @@ def cmd_train_dp(args) -> int:
     if spec["seq"] > spec["config"]["ctx"]:
         raise UsageError(f"--seq {spec['seq']}: the {args.config} config holds at most {spec['config']['ctx']} tokens")
     spec["compare"] = args.compare
+    spec["ab_block"] = args.ab_overlap or 0
     single = concat = None
     if args.device == "gpu":
         try:
