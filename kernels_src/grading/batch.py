@@ -81,6 +81,8 @@ class Gradebook:
                    "score": r.get("score", 0), "possible": extra.get("possible", ""),
                    "status": extra.get("status", ""), "seed": extra.get("seed", ""),
                    "seconds": extra.get("seconds", ""), "flags": "; ".join(extra.get("flags", []))}
+            if "speed" in extra:
+                row["speed"] = extra["speed"]
             for t in r.get("tests", []):
                 if "max_score" in t:
                     row[t["name"]] = t.get("score", 0)
@@ -106,7 +108,8 @@ class Gradebook:
 
 
 def grade_folder(folder, out_csv, *, autograder=None, exercise: str | None = None, jobs: int = 2,
-                 results_dir=None, force: bool = False, run_otter: bool = True, progress: bool = True) -> dict:
+                 results_dir=None, force: bool = False, run_otter: bool = True, progress: bool = True,
+                 perf: bool = False) -> dict:
     out_csv = Path(out_csv)
     results_dir = Path(results_dir) if results_dir else out_csv.with_name(out_csv.stem + "_results")
     book = Gradebook(out_csv, results_dir)
@@ -172,6 +175,8 @@ def grade_folder(folder, out_csv, *, autograder=None, exercise: str | None = Non
                 results.setdefault("extra_data", {})["possible"] = rec.possible
                 if path.suffix == ".zip":
                     results["extra_data"]["sha256"] = _sha256(path)
+                if perf:
+                    add_speed(results, nb, ag.slug)
         except BaseException as e:  # noqa: BLE001  (one submission never stops the batch)
             results = {"score": 0, "tests": [], "output": f"The grader failed on this submission: {type(e).__name__}: "
                        f"{e}", "extra_data": {"status": "error", "seconds": round(time.perf_counter() - t0, 2)}}
@@ -199,3 +204,44 @@ def grade_folder(folder, out_csv, *, autograder=None, exercise: str | None = Non
     book.write()
     return {"graded": len(done), "skipped": skipped, "total": len(items), "gradebook": str(out_csv),
             "results_dir": str(results_dir)}
+
+
+_perf_lock = threading.Lock()  # speed questions are timed one at a time, whatever --jobs says
+
+
+def add_speed(results: dict, nb_path, slug: str) -> None:
+    """Grade the speed questions of ``slug`` on the notebook and add them to Gradescope's ``results``: one test
+    each (its points, its report), the ``leaderboard`` field (percent of the ideal per question) and
+    ``extra_data.speed`` (the gradebook's speed column). A failure of the grader costs only the speed part."""
+    from . import bundle as bundle_mod
+    from .perf import all_specs, grade_perf
+
+    specs = all_specs().get(slug, [])
+    if not specs:
+        return
+    extra = results.setdefault("extra_data", {})
+    try:
+        b = bundle_mod.from_notebook(bundle_mod.read_notebook(nb_path))
+        with _perf_lock:
+            verdicts = [grade_perf(s, b) for s in specs]
+    except BaseException as e:  # noqa: BLE001
+        extra["speed_error"] = f"{type(e).__name__}: {e}"
+        return
+    board, speed = [], 0.0
+    for s, v in zip(specs, verdicts):
+        if v.status == "skipped":
+            results.setdefault("tests", []).append({"name": f"{s.question} speed", "output": v.feedback,
+                                                    "visibility": "visible"})
+            continue
+        speed += v.score
+        results.setdefault("tests", []).append({"name": f"{s.question} speed", "score": v.score,
+                                                "max_score": s.points, "output": v.feedback,
+                                                "visibility": "visible"})
+        board.append({"name": f"{s.question} {s.function} (% of ideal)",
+                      "value": round(100 * (v.fraction or 0.0), 1), "order": "desc"})
+    results["score"] = round(float(results.get("score", 0)) + speed, 4)
+    extra["speed"] = round(speed, 4)
+    extra["possible"] = (extra.get("possible") or 0) + sum(s.points for s, v in zip(specs, verdicts)
+                                                            if v.status != "skipped")
+    if board:
+        results["leaderboard"] = board

@@ -6,6 +6,12 @@
           [--exercise chNN_slug | --autograder PATH] [--jobs N] [--force] [--no-otter]
                                                       (default gradebook/gradebook.csv, a folder git ignores)
     kernels grade --solution chNN_slug               grade the master's solution (must be full marks)
+    kernels grade --perf NOTEBOOK [--exercise chNN_slug] [--question q1 ...] [--json FILE]
+                                                      grade the speed questions of one notebook (fraction of
+                                                      the roofline, measured in this run; see grading/perf.py)
+    kernels grade --perf --solution chNN_slug        the same for the master's solution
+    kernels grade --perf SUBMISSIONS_DIR ...         a batch: a speed column in the gradebook and Gradescope's
+                                                      leaderboard field in each results.json
     kernels racecheck FILE.py KERNEL                 (see `kernels racecheck -h`)
 """
 from __future__ import annotations
@@ -71,6 +77,10 @@ def compare_trees(fresh: Path, committed: Path, names=None) -> list[str]:
 
 
 def cmd_grade(args) -> int:
+    if args.question and not args.perf:
+        raise UsageError("--question: only with --perf")
+    if args.perf and (args.solution or (args.submissions and Path(args.submissions).is_file())):
+        return _grade_perf(args)
     if args.solution:
         args.solution = _exercise(args.solution, "--solution")
         output_file(args.json)
@@ -95,9 +105,55 @@ def cmd_grade(args) -> int:
         out.parent.mkdir(exist_ok=True)
     summary = grade_folder(args.submissions, out, autograder=args.autograder, exercise=args.exercise, jobs=args.jobs,
                            results_dir=args.results_dir, force=args.force, run_otter=not args.no_otter,
-                           progress=not args.quiet)
+                           progress=not args.quiet, perf=args.perf)
     print(f"graded {summary['graded']}, skipped {summary['skipped']} already graded, of {summary['total']}; "
           f"gradebook: {summary['gradebook']}; results: {summary['results_dir']}/<submission>/results.json")
+    return 0
+
+
+def _perf_exercises() -> dict:
+    from .perf import all_specs
+
+    return all_specs()
+
+
+def _grade_perf(args) -> int:
+    """``kernels grade --perf NOTEBOOK`` / ``--perf --solution chNN``: the speed questions, one report each."""
+    from .perf import grade_perf
+
+    known = _perf_exercises()
+    if args.solution:
+        slug = _exercise(args.solution, "--solution")
+    else:
+        nb_path = input_path(args.submissions, "SUBMISSIONS", "file")
+        slug = args.exercise or nb_path.stem.removesuffix(".ipynb")
+        slug = _exercise(slug, "--exercise" if args.exercise else "NOTEBOOK (its name; or give --exercise)")
+    if slug not in known:
+        raise UsageError(f"{slug} has no speed questions (those that have: {', '.join(sorted(known)) or 'none'})")
+    specs = known[slug]
+    for q in args.question or ():
+        one_of(f"speed question of {slug}", q, [s.question for s in specs], "--question")
+    specs = [s for s in specs if not args.question or s.question in args.question]
+    out = output_file(args.json)
+    from . import bundle as bundle_mod
+    from . import corpus
+
+    if args.solution:
+        b = bundle_mod.from_notebook(corpus.solution_submission(slug))
+    else:
+        try:
+            b = bundle_mod.from_notebook(bundle_mod.read_notebook(nb_path))
+        except ValueError as e:
+            raise UsageError(f"NOTEBOOK {nb_path}: {e}") from None
+    verdicts = [grade_perf(s, b) for s in specs]
+    for v in verdicts:
+        print(v.feedback)
+    total = sum(v.score for v in verdicts)
+    possible = sum(s.points for s in specs if not any(v.question == s.question and v.status == "skipped"
+                                                      for v in verdicts))
+    print(f"{slug} speed: {total:g} / {possible:g}")
+    if out:
+        out.write_text(json.dumps({"exercise": slug, "verdicts": [v.to_json() for v in verdicts]}, indent=2))
     return 0
 
 
@@ -163,6 +219,9 @@ def add_commands(sub) -> None:
     s.add_argument("--solution", help="grade the solution of this exercise; exit 1 unless full marks")
     s.add_argument("--regenerate", action="store_true", help="with --solution: run `make exercises` for it first")
     s.add_argument("--json", help="with --solution: also write its results.json here")
+    s.add_argument("--perf", action="store_true", help="grade the speed questions (fraction of the roofline, "
+                   "measured in the same run); a folder: adds a speed column and Gradescope's leaderboard")
+    s.add_argument("--question", action="append", help="with --perf and one notebook: only this speed question")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_grade)
 
