@@ -213,10 +213,12 @@ class VirtualRanks:
 
         self.cuda, self.n, self.L, self.spin = cuda, n, L, spin
         self.bufs = tuple(cuda.to_device(np.full(L + 5, np.nan, np.float32)) for _ in range(n))  # poisoned
+        self.slot = L + 3
+        self.osbufs = tuple(cuda.to_device(np.full(2 * self.slot, np.nan, np.float32)) for _ in range(n))
         self.rflags = tuple(cuda.to_device(np.zeros(2 * gpu.MAX_BLOCKS, np.int32)) for _ in range(n))
         self.oflags = tuple(cuda.to_device(np.zeros(n * gpu.MAX_BLOCKS, np.int32)) for _ in range(n))
         self.rep = [cuda.to_device(np.zeros(gpu.MAX_BLOCKS, np.int32)) for _ in range(n)]
-        self.oep = [cuda.to_device(np.zeros(gpu.MAX_BLOCKS, np.int32)) for _ in range(n)]
+        self.oep = [cuda.to_device(np.zeros(2, np.int32)) for _ in range(n)]
         self.status = [cuda.to_device(np.zeros(4, np.int32)) for _ in range(n)]
 
     def ring_step(self, r, t0, t1, grid=2, block=32):
@@ -228,14 +230,14 @@ class VirtualRanks:
             b = self.bufs[r].copy_to_host()
             b[: self.L] = xs[r]
             self.bufs[r].copy_to_device(b)
-        for t in range(2 * self.n - 1):  # the schedule's steps, then the final wait; every rank at each step
+        for u in range(2 * self.n):  # arrival, the schedule's steps, the final wait; every rank at each part
             for r in range(self.n):
-                self.ring_step(r, t, t + 1)
+                self.ring_step(r, u, u + 1)
         return [self.bufs[r].copy_to_host() for r in range(self.n)]
 
     def oneshot_phase(self, r, dx, p, grid=2, block=32):
-        gpu.oneshot_kernel[grid, block](dx, self.bufs, self.oflags, self.L, r, self.n, self.oep[r], self.status[r],
-                                        self.spin, p, p + 1)
+        gpu.oneshot_kernel[grid, block](dx, self.osbufs, self.slot, self.oflags, self.L, r, self.n, self.oep[r],
+                                        self.status[r], self.spin, p, p + 1)
 
     def oneshot(self, xs):
         dx = [self.cuda.to_device(x) for x in xs]
@@ -272,20 +274,21 @@ def test_the_ring_kernel_sums_every_rank_in_place_twice(n, L):
         for r in range(n):
             _assert_sum(out[r][:L], xs)
             assert np.isnan(out[r][L:]).all()  # nothing written past the message
-    assert all(int(e.copy_to_host()[0]) == 2 for e in v.rep)
+    assert all(int(e.copy_to_host()[0]) == 2 for e in v.rep)  # every block (grid 2) finished two calls
 
 
 @sim_only
 @pytest.mark.parametrize("n,L", [(1, 5), (2, 1), (2, 7), (3, 37), (4, 130)])
-def test_the_oneshot_kernel_sums_every_rank_twice_identically(n, L):
+def test_the_oneshot_kernel_sums_every_rank_three_times_identically(n, L):
     v = VirtualRanks(n, L)
-    for call in range(2):
+    for call in range(3):  # slots 0, 1, 0: the third call reuses the first one's slot with no reset
         xs = _inputs(n, L, call)
         out = v.oneshot(xs)
         assert v.timed_out() == [0] * n
         for r in range(n):
             _assert_sum(out[r], xs)
             assert np.array_equal(out[r], out[0])  # the same order (ranks 0..n-1) on every rank: same bits
+        assert all(list(e.copy_to_host()) == [call + 1, 0] for e in v.oep)  # calls counted, block count reset
 
 
 @sim_only
@@ -302,16 +305,30 @@ def test_nan_propagates_through_both_kernels():
 
 
 @sim_only
-def test_a_ring_step_waits_for_its_left_neighbour():
-    """Rank 0's step 1 reads what rank 1 (its left neighbour) produced at step 0: run before it, it must give up
-    waiting (and name rank 1) rather than read a stale chunk."""
+def test_a_ring_step_waits_for_its_left_neighbour_to_arrive():
+    """Rank 0's first step reads rank 1's input: before rank 1 has arrived (its input may still be on its way),
+    rank 0 must give up waiting, naming rank 1, rather than read it."""
+    v = VirtualRanks(2, 8, spin=50)
+    v.ring_step(0, 0, 1)  # rank 0 arrives
+    v.ring_step(0, 1, 2)  # and tries its step 0 before rank 1 has arrived
+    st = v.status[0].copy_to_host()
+    assert st[gpu.WAIT_TIMEOUT] == 1 and st[gpu.WAIT_PEER] == 1 and st[gpu.WAIT_STEP] == 0
+
+
+@sim_only
+def test_a_ring_step_waits_for_its_left_neighbours_previous_step():
+    """Rank 0's step 1 (the all-gather, n = 2) copies what rank 1 reduced at step 0: run before it, it must give
+    up waiting (naming rank 1) rather than copy a partial sum."""
     v = VirtualRanks(2, 8, spin=50)
     for r in range(2):
         v.bufs[r].copy_to_device(np.ones(13, np.float32))
-    v.ring_step(0, 0, 1)  # rank 0's step 0 only
-    v.ring_step(0, 1, 2)  # rank 0's step 1 before rank 1's step 0
+    v.ring_step(0, 0, 1)
+    v.ring_step(1, 0, 1)  # both arrived
+    v.ring_step(0, 1, 2)  # rank 0's step 0
+    v.ring_step(0, 2, 3)  # rank 0's step 1 before rank 1's step 0
     st = v.status[0].copy_to_host()
-    assert st[gpu.WAIT_TIMEOUT] == 1 and st[gpu.WAIT_PEER] == 1 and st[gpu.WAIT_STEP] == 1
+    assert v.timed_out() == [1, 0]
+    assert st[gpu.WAIT_PEER] == 1 and st[gpu.WAIT_STEP] == 1
 
 
 @sim_only

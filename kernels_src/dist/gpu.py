@@ -23,8 +23,13 @@ and out (two local copies, which a framework avoids by registering its gradient 
 **The ring** (:func:`ring_kernel`) follows :func:`kernels_src.dist.schedule.ring_steps`: ``2 (n - 1)`` steps, at
 step ``t`` rank ``r`` reads chunk ``recv`` of its left neighbour's buffer over NVLink and adds it into (or, in
 the all-gather phase, copies it over) its own chunk. The rank *pulls*: the schedule's "r - 1 sends chunk c to r"
-is "r reads chunk c from r - 1". A read needs two promises from the neighbours, kept with flag words:
+is "r reads chunk c from r - 1". A read needs promises from the neighbours, kept with flag words:
 
+- *arrival*: before its first step, rank ``r`` reads its left neighbour's *input*; so every rank first announces
+  "arrived" (the kernel has started, so whatever its stream wrote into the buffer before it, a copy or a fill, is
+  done), and rank ``r`` waits for its left neighbour's arrival. (The first two-GPU run had no arrival flag: a rank
+  whose neighbour was still copying its input in read the old contents, and the ring failed its check at some
+  lengths. The simulator cannot see such a race, since it runs the virtual ranks one after another.)
 - *read after write*: before step ``t`` the left neighbour has finished its steps ``0 .. t - 1`` (the chunk
   it holds is the partial sum the schedule says);
 - *write after read*: before rank ``r`` overwrites a chunk, its right neighbour (the only rank that reads ``r``'s
@@ -41,30 +46,33 @@ starts its all-gather slice while others still add, which keeps both directions 
 separate chunking loop. The grid is at most two blocks per SM, so all blocks are resident at once and a
 spinning block can never keep a block it waits for (on the other GPU) from being scheduled.
 
-**The one-shot** (:func:`oneshot_kernel`): each rank copies its input into its registered buffer, announces
-it, waits until every peer has announced, and sums all ``n`` buffers (rank order ``0 .. n-1``, the same order on
-every rank, so all ranks get bit-identical results) into its output. One kernel, one flag round, one trip over
-the link: the latency floor for small messages, at the price of reading ``(n - 1)`` times the message per rank
-(the ring reads ``2 (n - 1) / n``). Before it overwrites its buffer in the next call, a rank waits until every
-peer has finished reading it: each flag counts ``2e + 1`` ("my data for call e is there") and ``2e + 2`` ("I
-have finished reading everyone's data of call e").
+**The one-shot** (:func:`oneshot_kernel`): each rank copies its input into its registered one-shot buffer,
+announces it, waits until every peer has announced, and sums all ``n`` buffers (rank order ``0 .. n-1``, the
+same order on every rank, so all ranks get bit-identical results) into its output. One kernel, one flag round,
+one trip over the link: the latency floor for small messages, at the price of reading ``(n - 1)`` times the
+message per rank (the ring reads ``2 (n - 1) / n``). The buffer has two slots, used by alternate calls: a rank
+overwrites a slot two calls later, when every peer has provably finished reading it (the kernel's docstring
+says why), so no "done reading" flag and no wait at the start are needed.
 
 **Flags, fences, epochs.** A rank announces by *storing into the peer's memory* (``flag_store`` on the peer's
 flag array: a posted write over NVLink) and waits by *spinning on its own memory* (``flag_load`` on its local
 array: no round trip over the link per poll). Both are strong at system scope (:mod:`kernels_src.compiler.sysflags`).
 The two fences make the flag mean something:
 
-- the writer: every thread's data writes, ``cuda.threadfence_system()``, ``syncthreads``, then thread 0 stores
-  the flag. Without the fence the flag (one store) could reach the peer before the data (many stores to other
-  addresses, possibly still in flight through L2 and NVLink), and the peer would read old data;
+- the writer: the block's data writes, ``syncthreads``, then thread 0 issues ``cuda.threadfence_system()``
+  (``fence.sc.sys``) and stores the flag. Without the fence the flag (one store) could reach the peer before the
+  data (many stores to other addresses, possibly still in flight through L2), and the peer would read old data.
+  One fence by thread 0 covers the whole block: ``bar.sync`` orders the other threads' writes before it and the
+  fence is cumulative (the pattern of cooperative groups' grid barrier);
 - the reader: thread 0 spins until the flag has the value, then ``cuda.threadfence_system()``, then
   ``syncthreads`` releases the block to read. Without the fence the block's reads of the peer's data could be
   served before the flag read (a load may be reordered before an earlier load to another address) or from a
   line cached before the peer wrote it.
 
-The flag values never go back: call ``e`` of block ``b`` waits for ``e * T + t`` (ring, ``T = 2 (n - 1)`` steps) or
-``2e + 1`` (one-shot), where ``e`` is that block's count of finished calls, kept in device memory
-(``epochs[b]``, advanced by the kernel itself). So the buffers and flags are reused call after call with no
+The flag values never go back: in call ``e`` block ``b`` of the ring waits for ``e (T + 1) + 1 + t`` (``T = 2 (n - 1)``
+steps, plus the arrival), where ``e`` is that block's count of finished calls (``epochs[b]``, advanced by the
+kernel itself); the one-shot waits for ``e + 1``, ``e`` the call count (``epoch[0]``, advanced by the last block
+to finish). So the buffers and flags are reused call after call with no
 reset, and a launch captured in a CUDA graph stays valid on replay (a kernel argument would be frozen in the
 graph; device memory is not).
 
@@ -170,15 +178,18 @@ def _chunk_op(mine, src, lo, hi, add, b, nb, tid):
 
 
 @cuda.jit
-def ring_kernel(bufs, flags, length, rank, nranks, epochs, status, spin_limit, t0, t1):
+def ring_kernel(bufs, flags, length, rank, nranks, epochs, status, spin_limit, u0, u1):
     """In-place ring all-reduce (sum) of ``bufs[rank][:length]``; ``bufs``/``flags``: every rank's buffer and flag
     array (tuples, this rank's at index ``rank``). ``flags[r][b]`` is the progress of ``r``'s left neighbour's block
     ``b``, ``flags[r][MAX_BLOCKS + b]`` that of its right neighbour. See the module docstring for why each wait and
     fence is there.
 
-    The kernel runs steps ``t0 .. t1 - 1`` of ``0 .. T`` (``T = 2 (n - 1)``; step ``T`` is the final wait for the right
-    neighbour and advances the epoch). A call is one launch with ``(0, T + 1)``; the CUDA simulator, which runs one
-    kernel at a time, runs the virtual ranks step by step instead, with the same code."""
+    A call has ``T + 2`` parts (``T = 2 (n - 1)`` schedule steps): part 0 announces "arrived" (this rank's input is
+    in its buffer: whatever the stream did before the kernel is done), parts ``1 .. T`` are the schedule's steps
+    ``t = part - 1``, part ``T + 1`` is the final wait for the right neighbour and advances the epoch. Each block's
+    progress counter goes up by ``T + 1`` per call: ``base + 1`` arrived, ``base + 2 + t`` step t done. The kernel
+    runs parts ``u0 .. u1 - 1``; a call is one launch with ``(0, T + 2)``; the CUDA simulator, which runs one
+    kernel at a time, runs the virtual ranks part by part instead, with the same code."""
     b = cuda.blockIdx.x
     nb = cuda.gridDim.x
     tid = cuda.threadIdx.x
@@ -191,20 +202,28 @@ def ring_kernel(bufs, flags, length, rank, nranks, epochs, status, spin_limit, t
     ok = cuda.shared.array(1, int32)
     T = 2 * (n - 1)
     e = epochs[b]
-    base = e * T
-    for t in range(t0, min(t1, T)):
+    base = e * (T + 1)
+    if u0 == 0 and tid == 0 and n > 1:
+        # arrived: the input was written by earlier work on this stream (finished before the kernel began); the
+        # fence orders those writes before the flag for the neighbours that read it
+        cuda.threadfence_system()
+        flag_store(flags[right], b, base + 1)
+        flag_store(flags[left], MAX_BLOCKS + b, base + 1)
+    for u in range(max(u0, 1), min(u1, T + 1)):
+        t = u - 1
         if t < n - 1:  # reduce-scatter step t: add chunk (r - t - 1) of the left neighbour
             recv = (rank - t - 1 + 2 * n) % n
             add = True
-            need_right = base  # the right neighbour has finished the previous call
+            need_right = base  # the right neighbour has finished the previous call (read all it needed of mine)
         else:  # all-gather step s: copy chunk (r - s), which the right neighbour read in reduce-scatter step s
             s = t - (n - 1)
             recv = (rank - s + 2 * n) % n
             add = False
-            need_right = base + s + 1
+            need_right = base + 2 + s
         if tid == 0:
-            good = _wait_geq(myflags, b, base + t, spin_limit, status, left, t, e)  # read after write
-            if good:
+            # read after write: the left neighbour has arrived (t = 0) or finished step t - 1
+            good = _wait_geq(myflags, b, base + 1 + t, spin_limit, status, left, t, e)
+            if good:  # write after read
                 good = _wait_geq(myflags, MAX_BLOCKS + b, need_right, spin_limit, status, right, t, e)
             cuda.threadfence_system()  # acquire: no read of the peer's chunk moves before the flag read
             ok[0] = 1 if good else 0
@@ -213,25 +232,29 @@ def ring_kernel(bufs, flags, length, rank, nranks, epochs, status, spin_limit, t
             return
         lo, hi = _bounds(length, n, recv)
         _chunk_op(mine, src, lo, hi, add, b, nb, tid)
-        cuda.threadfence_system()  # release: this thread's writes reach memory before the flag is stored
-        cuda.syncthreads()
+        cuda.syncthreads()  # the block's writes happen before thread 0's fence (bar.sync, then a cumulative fence)
         if tid == 0:
-            flag_store(flags[right], b, base + t + 1)  # to the right neighbour: "my step t is done"
-            flag_store(flags[left], MAX_BLOCKS + b, base + t + 1)  # to the left neighbour: the same
-    if t1 > T and tid == 0:  # leave only when the right neighbour has finished reading this buffer
-        if _wait_geq(myflags, MAX_BLOCKS + b, base + T, spin_limit, status, right, T, e):
+            cuda.threadfence_system()  # release: the block's writes reach memory before the flag is stored
+            flag_store(flags[right], b, base + 2 + t)  # to the right neighbour: "my step t is done"
+            flag_store(flags[left], MAX_BLOCKS + b, base + 2 + t)  # to the left neighbour: the same
+    if u1 > T + 1 and tid == 0:  # leave only when the right neighbour has finished reading this buffer
+        if n == 1 or _wait_geq(myflags, MAX_BLOCKS + b, base + 1 + T, spin_limit, status, right, T, e):
             epochs[b] = e + 1
 
 
 @cuda.jit
-def oneshot_kernel(x, bufs, flags, length, rank, nranks, epochs, status, spin_limit, p0, p1):
+def oneshot_kernel(x, bufs, slot, flags, length, rank, nranks, epoch, status, spin_limit, p0, p1):
     """One-shot all-reduce (sum): ``x[:length]`` (this rank's input, any device array) becomes the sum over ranks
-    of their inputs, via the registered buffers ``bufs`` (tuple, every rank's). ``flags[r][p * MAX_BLOCKS + b]``:
-    what rank ``p``'s block ``b`` last told rank ``r`` (2e + 1: data of call e ready; 2e + 2: done reading it).
+    of their inputs. ``bufs`` (tuple, every rank's) are the registered one-shot buffers, two slots of ``slot``
+    elements each: call ``e`` uses slot ``e % 2``. ``flags[r][p * MAX_BLOCKS + b] = e + 1`` says that rank ``p``'s block
+    ``b`` has put its part of call ``e``'s input in its slot. ``epoch[0]`` counts the calls (``epoch[1]``: blocks of
+    this call that have finished; the last one advances ``epoch[0]``).
 
-    Phase 0: wait until the peers are done with my buffer, copy x in, announce. Phase 1: wait for the peers' data,
-    sum, say "done reading", advance the epoch. A call is one launch of phases ``p0 .. p1 - 1 = 0 .. 1``; the
-    simulator runs the virtual ranks phase by phase."""
+    Why two slots and no "done reading" flag: a rank overwrites slot ``e % 2`` at call ``e + 2``; by then it has
+    finished call ``e + 1``, which needed every peer's call-``e + 1`` flag, and a peer starts call ``e + 1`` only after
+    its call ``e`` (the one that read the slot) has ended on its stream. So the slot is free, with no extra wait.
+    Phase 0: copy x into my slot, announce. Phase 1: wait for the peers, sum, count the block out. A call is one
+    launch of phases ``p0 .. p1 - 1 = 0 .. 1``; the simulator runs the virtual ranks phase by phase."""
     b = cuda.blockIdx.x
     nb = cuda.gridDim.x
     tid = cuda.threadIdx.x
@@ -239,58 +262,45 @@ def oneshot_kernel(x, bufs, flags, length, rank, nranks, epochs, status, spin_li
     mine = bufs[rank]
     myflags = flags[rank]
     ok = cuda.shared.array(1, int32)
-    e = epochs[b]
+    e = epoch[0]
+    off = (e % 2) * slot
     stride = nb * cuda.blockDim.x
     if p0 == 0:
-        # 1. every peer has finished reading my buffer in the previous call: I may overwrite it
-        if tid == 0:
-            good = True
-            for p in range(n):
-                if p != rank and good:
-                    good = _wait_geq(myflags, p * MAX_BLOCKS + b, 2 * e, spin_limit, status, p, 0, e)
-            ok[0] = 1 if good else 0
-        cuda.syncthreads()
-        if ok[0] == 0:
-            return
-        # 2. my slice of x into my registered buffer
         i = b * cuda.blockDim.x + tid
         while i < length:
-            mine[i] = x[i]
+            mine[off + i] = x[i]
             i += stride
-        cuda.threadfence_system()  # release: the copy reaches memory before the peers see the flag
-        cuda.syncthreads()
+        cuda.syncthreads()  # the block's copies happen before thread 0's fence
         if tid == 0:
+            cuda.threadfence_system()  # release: the copies reach memory before any peer sees the flag
             for p in range(n):
                 if p != rank:
-                    flag_store(flags[p], rank * MAX_BLOCKS + b, 2 * e + 1)
+                    flag_store(flags[p], rank * MAX_BLOCKS + b, e + 1)
     if p1 < 2:
         return
     if tid == 0:
-        # 3. wait for every peer's data
         good = True
         for p in range(n):
             if p != rank and good:
-                good = _wait_geq(myflags, p * MAX_BLOCKS + b, 2 * e + 1, spin_limit, status, p, 1, e)
-        cuda.threadfence_system()  # acquire: no read of a peer's buffer moves before its flag
+                good = _wait_geq(myflags, p * MAX_BLOCKS + b, e + 1, spin_limit, status, p, 1, e)
+        cuda.threadfence_system()  # acquire: no read of a peer's slot moves before its flag
         ok[0] = 1 if good else 0
     cuda.syncthreads()
     if ok[0] == 0:
         return
-    # 4. the sum, in rank order 0..n-1 on every rank
+    # the sum, in rank order 0..n-1 on every rank (the same bits everywhere)
     i = b * cuda.blockDim.x + tid
     while i < length:
-        acc = bufs[0][i]
+        acc = bufs[0][off + i]
         for p in range(1, n):
-            acc += bufs[p][i]
+            acc += bufs[p][off + i]
         x[i] = acc
         i += stride
-    cuda.syncthreads()  # every thread of the block has its values (its loads are done)
+    cuda.syncthreads()
     if tid == 0:
-        cuda.threadfence_system()
-        for p in range(n):
-            if p != rank:
-                flag_store(flags[p], rank * MAX_BLOCKS + b, 2 * e + 2)  # "done reading your buffer"
-        epochs[b] = e + 1
+        if cuda.atomic.add(epoch, 1, 1) == nb - 1:  # the last block of this call to finish
+            epoch[1] = 0
+            epoch[0] = e + 1
 
 
 @cuda.jit
@@ -322,7 +332,8 @@ def ptx_kernels(nranks: int = 2):
     ftup = f"UniTuple({flg}, {nranks})"
     return [
         (ring_kernel, f"void({tup}, {ftup}, int64, int64, int64, {flg}, {flg}, int64, int64, int64)"),
-        (oneshot_kernel, f"void({arr}, {tup}, {ftup}, int64, int64, int64, {flg}, {flg}, int64, int64, int64)"),
+        (oneshot_kernel, f"void({arr}, {tup}, int64, {ftup}, int64, int64, int64, {flg}, {flg}, int64, int64, "
+                         "int64)"),
         (fill_kernel, f"void({arr}, int64, int64)"),
     ]
 
@@ -477,24 +488,27 @@ class GpuComm:
         self.spin_limit = int(spin_limit)
         self.sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
         self.buf = cuda.device_array(self.capacity, np.float32)
+        self.osbuf = cuda.device_array(2 * self.capacity, np.float32)  # the one-shot's two slots
         self.ring_flags = cuda.to_device(np.zeros(2 * MAX_BLOCKS, np.int32))
         self.os_flags = cuda.to_device(np.zeros(self.size * MAX_BLOCKS, np.int32))
         self.ring_epochs = cuda.to_device(np.zeros(MAX_BLOCKS, np.int32))
-        self.os_epochs = cuda.to_device(np.zeros(MAX_BLOCKS, np.int32))
+        self.os_epoch = cuda.to_device(np.zeros(2, np.int32))
         self.status = cuda.to_device(np.zeros(4, np.int32))
         cuda.synchronize()  # zeros in place before any peer can see the handles
-        mine = (self.buf.get_ipc_handle(), self.ring_flags.get_ipc_handle(), self.os_flags.get_ipc_handle())
+        mine = (self.buf.get_ipc_handle(), self.ring_flags.get_ipc_handle(), self.os_flags.get_ipc_handle(),
+                self.osbuf.get_ipc_handle())
         handles = host.exchange(mine)
         self._opened = []
-        bufs, rflags, oflags = [], [], []
+        bufs, rflags, oflags, osbufs = [], [], [], []
         for r, hs in enumerate(handles):
             if r == self.rank:
                 bufs.append(self.buf), rflags.append(self.ring_flags), oflags.append(self.os_flags)
+                osbufs.append(self.osbuf)
                 continue
             opened = [h.open() for h in hs]
             self._opened.append(hs)
-            bufs.append(opened[0]), rflags.append(opened[1]), oflags.append(opened[2])
-        self.bufs, self.rflags, self.oflags = tuple(bufs), tuple(rflags), tuple(oflags)
+            bufs.append(opened[0]), rflags.append(opened[1]), oflags.append(opened[2]), osbufs.append(opened[3])
+        self.bufs, self.rflags, self.oflags, self.osbufs = tuple(bufs), tuple(rflags), tuple(oflags), tuple(osbufs)
         host.barrier()
 
     def buffer(self, length: int):
@@ -506,14 +520,14 @@ class GpuComm:
     def _launch_ring(self, length, stream=0):
         g = grid_for(length, self.size, self.sms, "ring")
         ring_kernel[g, BLOCK, stream](self.bufs, self.rflags, length, self.rank, self.size, self.ring_epochs,
-                                       self.status, self.spin_limit, 0, 2 * self.size - 1)
+                                       self.status, self.spin_limit, 0, 2 * self.size)
 
     def _launch_oneshot(self, x, length, stream=0):
         if length > self.capacity:
             raise ValueError(f"{length} elements do not fit the registered buffer ({self.capacity})")
         g = grid_for(length, self.size, self.sms, "oneshot")
-        oneshot_kernel[g, BLOCK, stream](x, self.bufs, self.oflags, length, self.rank, self.size, self.os_epochs,
-                                          self.status, self.spin_limit, 0, 2)
+        oneshot_kernel[g, BLOCK, stream](x, self.osbufs, self.capacity, self.oflags, length, self.rank, self.size,
+                                          self.os_epoch, self.status, self.spin_limit, 0, 2)
 
     def all_reduce(self, x, algorithm: str = "ring", stream=0):
         """Sum ``x`` (a 1-D float32 device array) over the ranks, in place; returns x. Every rank must call it

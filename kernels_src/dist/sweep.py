@@ -40,6 +40,7 @@ DEFAULT_SIZES = "8B..1GiB"
 UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9,
          "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "": 1}
 MAX_BYTES = 1 << 34
+CHECK_LENGTHS = (1, 2, 3, 5, 7, 1000, 4099, 65537, 262147, 1048573, 4194305)  # elements; checked before the sweep
 SWEEP_SPIN_LIMIT = 1 << 23  # polls before a kernel gives up (about a second): a hung peer costs the sweep seconds
 DATASHEET_GBPS_PER_DIRECTION = {"H100": 450.0, "H200": 450.0}  # 900 GB/s NVLink, both directions (datasheets)
 
@@ -240,8 +241,12 @@ def _rank_main(host, sizes, impls, repeats, spin_limit, log_path):
             comm._launch_oneshot(x[:L], L, stream)
 
     def check(impl, L):
+        for k in range(2):  # two calls back to back: the second reuses the flags and buffers, no host sync between
+            check_once(impl, L, k)
+
+    def check_once(impl, L, k):
         arr = target(impl, L)
-        gpu.fill_kernel[min(1024, -(-L // 256)), 256, stream](arr, L, rank)
+        gpu.fill_kernel[min(1024, -(-L // 256)), 256, stream](arr, L, rank + n * k)
         call(impl, L)
         stream.synchronize()
         comm.check_status()
@@ -257,15 +262,15 @@ def _rank_main(host, sizes, impls, repeats, spin_limit, log_path):
                 got[pos:pos + run.size] = arr[int(run[0]):int(run[-1]) + 1].copy_to_host()
                 pos += run.size
         stream.synchronize()
-        ins = [gpu.test_values(idx, r).astype(np.float64) for r in range(n)]
+        ins = [gpu.test_values(idx, q + n * k).astype(np.float64) for q in range(n)]
         ref = np.sum(ins, axis=0)
         abs_sum = np.sum(np.abs(ins), axis=0)
         good = schedule.allclose_sum(got, ref, abs_sum, n, np.float32)
         if not good.all():
-            k = int(np.flatnonzero(~good)[0])
-            raise AssertionError(f"{impl} at {L * 4} B on rank {rank}: element {int(idx[k])} is {got[k]!r}, "
-                                 f"expected {ref[k]!r} (sum of the ranks' inputs); {int((~good).sum())} of "
-                                 f"{idx.size} checked elements wrong")
+            j = int(np.flatnonzero(~good)[0])
+            raise AssertionError(f"{impl} at {L} elements, call {k} on rank {rank}: element {int(idx[j])} is "
+                                 f"{got[j]!r}, expected {ref[j]!r} (sum of the ranks' inputs); "
+                                 f"{int((~good).sum())} of {idx.size} checked elements wrong")
 
     def device_barrier():
         if torch is not None:
@@ -336,11 +341,8 @@ def _rank_main(host, sizes, impls, repeats, spin_limit, log_path):
         comm.check_status()
         return [cuda.event_elapsed_time(e0, e1) * 1e-3 / iters for e0, e1 in evs]
 
-    def timer(impl, nbytes):
-        L = nbytes // 4
-        if impl in broken:
-            return None
-        host.barrier()
+    def checked(impl, L) -> bool:
+        """check() on every rank; a failure is recorded (and a timed-out implementation dropped)."""
         why = ""
         try:
             check(impl, L)
@@ -348,9 +350,17 @@ def _rank_main(host, sizes, impls, repeats, spin_limit, log_path):
             why = f"rank {rank}: {e}"
         whys = [w for w in host.exchange(why) if w]
         if whys:
-            failures.append(f"{impl} at {nbytes} B: " + " / ".join(whys))
+            failures.append(f"{impl} at {L} elements: " + " / ".join(whys))
             if any("waited for it in vain" in w for w in whys):
                 broken.add(impl)  # its flags are out of step now: no further call of it can be trusted
+        return not whys
+
+    def timer(impl, nbytes):
+        L = nbytes // 4
+        if impl in broken:
+            return None
+        host.barrier()
+        if not checked(impl, L):
             return None
         target(impl, L).copy_to_device(zeros[:L], stream=stream)
         stream.synchronize()
@@ -368,10 +378,14 @@ def _rank_main(host, sizes, impls, repeats, spin_limit, log_path):
                     f.write(line + "\n")
 
     t0 = time.perf_counter()
+    for impl in impls:  # awkward lengths first (not multiples of n or of 4, primes, one element), twice each
+        bad = [L for L in CHECK_LENGTHS if L <= cap and not checked(impl, L)]
+        say(f"check {impl}: {len([L for L in CHECK_LENGTHS if L <= cap])} lengths x 2 calls against NumPy: "
+            + (f"FAILED at {bad}" if bad else "all pass"))
     rows = sweep_with(timer, sizes, impls, n, progress=say)
     info = {"device": cuda.get_current_device().name.decode() if isinstance(cuda.get_current_device().name, bytes)
             else str(cuda.get_current_device().name), "seconds": time.perf_counter() - t0,
-            "nccl_graph": nccl_graph, "failures": failures}
+            "nccl_graph": nccl_graph, "failures": failures, "checked_lengths": [L for L in CHECK_LENGTHS if L <= cap]}
     if torch is not None:
         info["torch"] = torch.__version__
         info["nccl"] = nccl.version()
@@ -399,6 +413,7 @@ def run(sizes, impls, nranks=2, repeats=15, timeout=900.0, spin_limit=None, log_
             "buffers": "ring: in place on the registered (IPC-shared) buffer; oneshot: input copied into the "
                        "registered buffer inside the kernel, sum written back; nccl: in place (torch.distributed)",
             "sweep_seconds": info["seconds"]}
+    meta["checked_lengths"] = info.get("checked_lengths", [])
     if info.get("failures"):
         meta["failures"] = info["failures"]
     if info.get("nccl_graph", {}).get("why"):
