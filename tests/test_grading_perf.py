@@ -1,0 +1,336 @@
+"""Speed questions (kernels_src/grading/perf.py): honest kernels score where the measurement says; each cheat
+gets no speed credit. CPU tests run in CI at tiny sizes with few runs; GPU tests need a GPU (marked ``gpu``)."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kernels_src import device
+from kernels_src.grading import bundle as bundle_mod
+from kernels_src.grading import perf
+
+N = 1 << 22  # axpy elements: 48 MB of arrays, more than the caches hold, so every repeat streams from memory
+AXPY = perf.PerfSpec(question="q1", function="axpy_cpu", kind="cpu", op="axpy", size=(N,), full=0.5, zero=0.05,
+                     args=("out", "a", "x", "y"), runs=3)
+HEAD = "import math\nimport numpy as np\nfrom numba import njit\n\n"
+HONEST = HEAD + """
+@njit
+def axpy_cpu(out, a, x, y):
+    for i in range(out.size):
+        out[i] = a * x[i] + y[i]
+"""
+REPEAT = 8
+SLOW = HEAD + f"""
+@njit
+def axpy_cpu(out, a, x, y):
+    for r in range({REPEAT}):  # the same work {REPEAT} times: an honest kernel at a known fraction of the other
+        for i in range(out.size):
+            if r == 0:
+                out[i] = a * x[i] + y[i]
+            else:
+                out[i] = a * x[i] + y[i] + (out[i] - out[i])
+"""
+
+
+def grade(src: str, spec=AXPY, **kw):
+    b = bundle_mod.from_cells([(1, src)])
+    return perf.grade_perf(spec, b, **kw)
+
+
+@pytest.fixture(scope="module")
+def honest():
+    return grade(HONEST)
+
+
+def test_credit_is_linear_between_thresholds():
+    assert perf.credit(0.05, 0.1, 0.5) == 0.0
+    assert perf.credit(0.1, 0.1, 0.5) == 0.0
+    assert perf.credit(0.3, 0.1, 0.5) == pytest.approx(0.5)
+    assert perf.credit(0.5, 0.1, 0.5) == 1.0
+    assert perf.credit(3.0, 0.1, 0.5) == 1.0
+    assert perf.credit(float("nan"), 0.1, 0.5) == 0.0
+
+
+def test_physical_floor_takes_the_strictest_bound():
+    t, why = perf.physical_floor(1e9, 0, copy_gbps=1000, margin=1.25, datasheet_gbps=3350)
+    assert t == pytest.approx(1e9 / 1250e9) and "copy" in why  # 1.25 x the measured copy is the stricter bound
+    t2, _ = perf.physical_floor(1e9, 0, copy_gbps=3000, margin=1.25, datasheet_gbps=3350)
+    assert t2 == pytest.approx(1e9 / 3350e9)
+    t3, why3 = perf.physical_floor(0, 2e9, copy_gbps=None, margin=1, flops_rate=1e9)
+    assert t3 == pytest.approx(2.0 / perf.COMPUTE_FLOOR_MARGIN) and "GFLOP" in why3
+
+
+def test_inputs_tell_half_precision_apart():
+    from kernels_src import parity
+    from kernels_src.registry import find_op
+
+    for name, size in (("axpy", (1000,)), ("gemv", (64, 48)), ("softmax", (8, 100)), ("gemm", (16, 16, 16))):
+        op = find_op(name)
+        ins = parity.as_tuple(op.make_inputs(size, np.dtype(np.float32), np.random.default_rng(1)))
+        refs = parity.reference_outputs(op, ins)
+        rtol, atol = parity.resolve_tol(op.tol, np.float32, size)
+        assert "float16" in perf.precision_probe(op, ins, refs, rtol, atol), name
+
+
+def test_declared_questions_parse():
+    specs = perf.all_specs()
+    assert len(specs) >= 4
+    for slug, ss in specs.items():
+        for s in ss:
+            assert s.kind in ("cpu", "gpu") and 0 <= s.zero < s.full, (slug, s)
+            if s.kind == "cpu":
+                assert s.op in perf.NUMPY_BASELINES, (slug, s.op)
+
+
+def test_honest_kernel_scores_where_the_measurement_says(honest):
+    v = honest
+    assert v.status == "scored", v.feedback
+    assert len(v.details["times_s"]) == AXPY.runs and len(v.details["baseline_times_s"]) == AXPY.runs
+    t, tb = float(np.median(v.details["times_s"])), float(np.median(v.details["baseline_times_s"]))
+    assert v.seconds == pytest.approx(t) and v.baseline_seconds == pytest.approx(tb)
+    assert v.fraction == pytest.approx(tb / t)
+    assert v.score == pytest.approx(round(perf.credit(tb / t, AXPY.zero, AXPY.full), 4))
+    assert v.seconds >= v.details["floor_s"]
+    assert "of the ideal" in v.feedback
+
+
+def test_slower_honest_kernel_scores_proportionally_lower(honest):
+    v = grade(SLOW)
+    assert v.status == "scored", v.feedback
+    # the same work REPEAT times: its fraction is about 1/REPEAT of the honest one's (shared machine: wide margin)
+    assert v.fraction < honest.fraction * 3 / REPEAT, (v.fraction, honest.fraction)
+
+
+def test_returning_before_the_work_is_done_gets_nothing():
+    src = HEAD + """
+@njit
+def axpy_cpu(out, a, x, y):
+    n = out.size if out.size < 1000 else out.size - out.size // 64  # the small checks pass; the timed size does not
+    for i in range(n):
+        out[i] = a * x[i] + y[i]
+"""
+    v = grade(src)
+    assert v.status == "fail" and v.score == 0 and "never written" in v.feedback, v.feedback
+
+
+def test_reusing_a_previous_output_gets_nothing():
+    src = HEAD + f"""
+STASH = np.zeros({N}, np.float32)  # the answer of an earlier run, kept to be copied out again
+
+
+@njit
+def axpy_cpu(out, a, x, y):
+    if STASH[0] != 0.0:
+        for i in range(out.size):
+            out[i] = STASH[i]
+        return
+    for i in range(out.size):
+        out[i] = a * x[i] + y[i]
+        STASH[i] = out[i]
+"""
+    v = grade(src)
+    assert v.status == "fail" and v.score == 0, v.feedback
+    assert "STASH" in v.feedback
+
+
+def test_caching_by_input_gets_nothing():
+    src = HEAD + f"""
+SEEN = np.zeros(2, np.float32)
+ANSWER = np.zeros({N}, np.float32)
+
+
+@njit
+def axpy_cpu(out, a, x, y):
+    if x[0] == SEEN[0] and y[0] == SEEN[1]:  # the same inputs as last time: the cached answer
+        out[:] = ANSWER
+        return
+    for i in range(out.size):
+        out[i] = a * x[i] + y[i]
+"""
+    v = grade(src)
+    assert v.status == "fail" and v.score == 0, v.feedback
+
+
+def test_patching_the_timer_changes_nothing(honest):
+    src = """import time
+import numpy as np
+from numba import njit
+
+time.perf_counter = lambda: 0.0  # a clock that never moves: every run would take no time at all
+time.perf_counter_ns = lambda: 0
+time.monotonic = lambda: 0.0
+np.median = lambda *a, **k: 1e-9
+""" + SLOW[len(HEAD):]
+    v = grade(src, dataclasses.replace(AXPY, full=0.9, zero=honest.fraction * 2 / REPEAT))
+    assert v.status == "scored", v.feedback  # the slow kernel is timed as it is, by the grader's clock
+    assert v.score == 0 and v.fraction < honest.fraction * 3 / REPEAT, v.feedback
+
+
+def test_computing_in_half_precision_fails_the_accuracy_check():
+    src = HEAD + """
+@njit
+def half(v):  # v rounded to the 11 significant bits of a float16
+    m, e = math.frexp(v)
+    return math.ldexp(round(m * 2048.0) / 2048.0, e)
+
+
+@njit
+def axpy_cpu(out, a, x, y):
+    for i in range(out.size):
+        out[i] = half(half(half(a) * half(x[i])) + half(y[i]))
+"""
+    v = grade(src)
+    assert v.status == "fail" and v.score == 0, v.feedback
+    assert "float16" in v.feedback
+
+
+def test_a_time_below_the_physical_floor_is_rejected(monkeypatch):
+    # an impossible machine: the floor is 1e6 times the copy bandwidth's time, so any real time is below it
+    monkeypatch.setattr(perf, "CPU_FLOOR_MARGIN", 1e-6)
+    v = grade(HONEST)
+    assert v.status == "fail" and v.score == 0 and "impossible" in v.feedback, v.feedback
+
+
+def test_gpu_question_in_the_simulator_says_so_in_one_line():
+    spec = dataclasses.replace(AXPY, kind="gpu", function="axpy_gpu", kernels=("axpy_kernel",))
+    v = perf.grade_perf(spec, bundle_mod.from_cells([(1, HONEST)]), device_mode="sim")
+    assert v.status == "skipped" and v.score == 0 and "no speed score in the simulator" in v.feedback
+    assert len(v.feedback.splitlines()) == 1
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
+    for argv in (["--perf", "--solution", "ch02_regression"], ["--perf", "--solution", "ch04_gemv", "--question", "q9"],
+                 ["--question", "q1", "--solution", "ch04_gemv"], ["--perf", str(tmp_path / "missing.ipynb")]):
+        p = subprocess.run([sys.executable, "-m", "kernels_src", "grade", *argv], capture_output=True, text=True)
+        assert p.returncode == 2, (argv, p.stdout, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_batch_adds_speed_and_leaderboard(tmp_path):
+    from kernels_src.grading import batch, corpus
+
+    nb = corpus.write_ipynb(corpus.solution_submission("ch05_gemm"), tmp_path / "s.ipynb")
+    results = {"score": 3.0, "tests": [], "extra_data": {"possible": 10}}
+    specs = perf.all_specs()["ch05_gemm"]
+    small = [dataclasses.replace(s, size=(48, 40, 56), runs=2) for s in specs]
+    orig = perf.all_specs
+    try:
+        perf.all_specs = lambda: {"ch05_gemm": small}
+        batch.add_speed(results, nb, "ch05_gemm")
+    finally:
+        perf.all_specs = orig
+    assert "speed" in results["extra_data"], results
+    board = results["leaderboard"]
+    assert board and all(isinstance(e["value"], float) for e in board)
+    assert results["score"] == pytest.approx(3.0 + results["extra_data"]["speed"])
+    json.dumps(results)
+
+
+# ------------------------------------------------------------------------------------------- GPU
+gpu = pytest.mark.skipif(device.MODE != "gpu", reason="needs a GPU: speed on a GPU is measured on a real one")
+GEMV = perf.PerfSpec(question="q2", function="gemv_splitk_gpu", kind="gpu", op="gemv", size=(64, 64),
+                     gpu_size=(4096, 8192), kernels=("gemv_splitk_kernel",), full=0.6, zero=0.2,
+                     args=("y", "x", "W"), runs=5)
+GPU_HEAD = """import numpy as np
+from numba import float32
+from kernels_src.device import ceil_div, cuda
+
+COLS, KSLICE = 32, 16
+
+
+@cuda.jit
+def zero_kernel(y):
+    i = cuda.grid(1)
+    if i < y.size:
+        y[i] = 0.0
+
+
+@cuda.jit
+def gemv_splitk_kernel(y, x, W):
+    n = cuda.blockIdx.x * COLS + cuda.threadIdx.x
+    k0 = cuda.blockIdx.y * KSLICE
+    k1 = min(k0 + KSLICE, x.size)
+    if n < y.size:
+        acc = float32(0.0)
+        for k in range(k0, k1):
+            acc += x[k] * W[k, n]
+        cuda.atomic.add(y, n, acc)
+
+"""
+GPU_HONEST = GPU_HEAD + """
+def gemv_splitk_gpu(y, x, W):
+    K, N = W.shape
+    zero_kernel[ceil_div(N, 128), 128](y)
+    gemv_splitk_kernel[(ceil_div(N, COLS), ceil_div(K, KSLICE)), COLS](y, x, W)
+"""
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_honest_gemv_scores_a_fraction_of_the_copy():
+    v = grade(GPU_HONEST, GEMV)
+    assert v.status == "scored", v.feedback
+    assert 0 < v.fraction <= 1.0 / 0.8 and v.seconds >= v.details["floor_s"], v.feedback
+    assert v.fraction == pytest.approx(v.details["bytes"] / (v.details["copy_gbps"] * 1e9) / v.seconds)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_half_the_grid_gets_nothing():
+    src = GPU_HEAD + """
+def gemv_splitk_gpu(y, x, W):
+    K, N = W.shape
+    zero_kernel[ceil_div(N, 128), 128](y)
+    gemv_splitk_kernel[(ceil_div(N, COLS), ceil_div(K, KSLICE) // 2 if K > 1000 else ceil_div(K, KSLICE)), COLS](y, x, W)
+"""
+    v = grade(src, GEMV)
+    assert v.status == "fail" and v.score == 0, v.feedback
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_work_on_another_stream_is_counted():
+    src = GPU_HEAD + """
+def gemv_splitk_gpu(y, x, W):
+    K, N = W.shape
+    s = cuda.stream()  # the work goes on a stream of its own and the launcher returns at once
+    zero_kernel[ceil_div(N, 128), 128, s](y)
+    gemv_splitk_kernel[(ceil_div(N, COLS), ceil_div(K, KSLICE)), COLS, s](y, x, W)
+"""
+    honest = grade(GPU_HONEST, GEMV)
+    v = grade(src, GEMV)
+    # either it is timed with its work (the device is synchronised before the clock stops) or it fails
+    assert v.status in ("scored", "fail"), v.feedback
+    if v.status == "scored":
+        assert v.seconds >= v.details["floor_s"] and v.fraction < 1.5 * honest.fraction, (v.feedback, honest.feedback)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_launch_from_a_background_thread_gets_nothing():
+    src = GPU_HEAD + """
+import threading
+
+
+def later(y, x, W):
+    K, N = W.shape
+    zero_kernel[ceil_div(N, 128), 128](y)
+    gemv_splitk_kernel[(ceil_div(N, COLS), ceil_div(K, KSLICE)), COLS](y, x, W)
+
+
+def gemv_splitk_gpu(y, x, W):
+    threading.Thread(target=later, args=(y, x, W)).start()  # returns before anything is launched
+"""
+    v = grade(src, GEMV)
+    assert v.status == "fail" and v.score == 0, v.feedback
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_timer_patch_changes_nothing():
+    src = "import time\ntime.perf_counter = lambda: 0.0\n" + GPU_HONEST
+    v = grade(src, GEMV)
+    assert v.status == "scored" and v.seconds >= v.details["floor_s"], v.feedback
