@@ -100,8 +100,9 @@ def test_honest_kernel_scores_where_the_measurement_says(honest):
 def test_slower_honest_kernel_scores_proportionally_lower(honest):
     v = grade(SLOW)
     assert v.status == "scored", v.feedback
-    # the same work REPEAT times: its fraction is about 1/REPEAT of the honest one's (shared machine: wide margin)
-    assert v.fraction < honest.fraction * 3 / REPEAT, (v.fraction, honest.fraction)
+    # the same work REPEAT times: its fraction is about 1/REPEAT of the honest one's (a shared machine: the bound
+    # is 4x wider than that)
+    assert v.fraction < honest.fraction * 0.5, (v.fraction, honest.fraction)
 
 
 def test_returning_before_the_work_is_done_gets_nothing():
@@ -164,9 +165,9 @@ time.perf_counter_ns = lambda: 0
 time.monotonic = lambda: 0.0
 np.median = lambda *a, **k: 1e-9
 """ + SLOW[len(HEAD):]
-    v = grade(src, dataclasses.replace(AXPY, full=0.9, zero=honest.fraction * 2 / REPEAT))
+    v = grade(src, dataclasses.replace(AXPY, full=max(0.9, honest.fraction), zero=honest.fraction * 0.6))
     assert v.status == "scored", v.feedback  # the slow kernel is timed as it is, by the grader's clock
-    assert v.score == 0 and v.fraction < honest.fraction * 3 / REPEAT, v.feedback
+    assert v.score == 0 and v.fraction < honest.fraction * 0.6, v.feedback
 
 
 def test_computing_in_half_precision_fails_the_accuracy_check():
@@ -232,8 +233,8 @@ def test_batch_adds_speed_and_leaderboard(tmp_path):
 # ------------------------------------------------------------------------------------------- GPU
 gpu = pytest.mark.skipif(device.MODE != "gpu", reason="needs a GPU: speed on a GPU is measured on a real one")
 GEMV = perf.PerfSpec(question="q2", function="gemv_splitk_gpu", kind="gpu", op="gemv", size=(64, 64),
-                     gpu_size=(4096, 8192), kernels=("gemv_splitk_kernel",), full=0.6, zero=0.2,
-                     args=("y", "x", "W"), runs=5)
+                     gpu_size=(4096, 4096), kernels=("gemv_splitk_kernel",), full=0.6, zero=0.2,
+                     args=("y", "x", "W"), runs=3)
 GPU_HEAD = """import numpy as np
 from numba import float32
 from kernels_src.device import ceil_div, cuda
@@ -308,9 +309,26 @@ def gemv_splitk_gpu(y, x, W):
         assert v.seconds >= v.details["floor_s"] and v.fraction < 1.5 * honest.fraction, (v.feedback, honest.feedback)
 
 
+def test_gpu_path_in_the_simulator_checks_every_run(monkeypatch):
+    # the GPU path of the harness (launches recorded, replayed by the grader's worker on fresh arrays, device
+    # synchronised, outputs checked) run by the simulator, with a stand-in yardstick: a launch that covers half
+    # of K leaves wrong sums, and gets nothing
+    monkeypatch.setenv("KERNELS_PERF_WORKER_DEVICE", "sim")
+    monkeypatch.setattr(perf, "measure_copy", lambda: {"copy_gbps": 0.001, "copy_what": "stand-in (simulator)"})
+    monkeypatch.setattr(perf, "_l2_bytes", lambda: 1024)
+    src = GPU_HEAD + """
+def gemv_splitk_gpu(y, x, W):
+    K, N = W.shape
+    zero_kernel[ceil_div(N, 128), 128](y)
+    gemv_splitk_kernel[(ceil_div(N, COLS), ceil_div(K, KSLICE) // 2 if K > 30 else ceil_div(K, KSLICE)), COLS](y, x, W)
+"""
+    v = grade(src, dataclasses.replace(GEMV, gpu_size=(40, 70), runs=1), device_mode="gpu")
+    assert v.status == "fail" and v.score == 0 and "run 1 of 3" in v.feedback, v.feedback
+
+
 @pytest.mark.gpu
 @gpu
-def test_gpu_launch_from_a_background_thread_gets_nothing():
+def test_gpu_launch_from_a_background_thread_counts_or_fails():
     src = GPU_HEAD + """
 import threading
 
@@ -322,10 +340,13 @@ def later(y, x, W):
 
 
 def gemv_splitk_gpu(y, x, W):
-    threading.Thread(target=later, args=(y, x, W)).start()  # returns before anything is launched
+    threading.Thread(target=later, args=(y, x, W)).start()  # may return before anything is launched
 """
     v = grade(src, GEMV)
-    assert v.status == "fail" and v.score == 0, v.feedback
+    # the grader replays what was launched and synchronises the device: the work is timed, or missing and failed
+    assert v.status in ("scored", "fail"), v.feedback
+    if v.status == "scored":
+        assert v.seconds >= v.details["floor_s"] and v.fraction <= 1 / 0.8, v.feedback
 
 
 @pytest.mark.gpu

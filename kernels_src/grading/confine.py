@@ -70,7 +70,7 @@ def _fs_mask(abi: int) -> int:
     return mask
 
 
-def _landlock(read: list[str], write: list[str], tcp: bool = False, list_only=()) -> str:
+def _landlock(read: list[str], write: list[str], tcp: bool = False, list_only=(), devices=()) -> str:
     abi = landlock_abi()
     if abi <= 0:
         return "no Landlock"
@@ -84,14 +84,16 @@ def _landlock(read: list[str], write: list[str], tcp: bool = False, list_only=()
         return f"no Landlock (create: errno {ctypes.get_errno()})"
     rw = handled & ~(_ACCESS["make_char"] | _ACCESS["make_block"] | _ACCESS.get("ioctl_dev", 0))
     try:
-        for paths, access in ((read, READ), (write, rw), (list(list_only), _ACCESS["read_dir"])):
+        dev = rw | (handled & _ACCESS["ioctl_dev"])  # a GPU's device files: opened read-write, driven by ioctl
+        for paths, access in ((read, READ), (write, rw), (list(list_only), _ACCESS["read_dir"]), (list(devices), dev)):
             for p in paths:
                 try:
                     pfd = os.open(p, os.O_PATH | os.O_CLOEXEC)
                 except OSError:
                     continue
                 try:
-                    file_rights = _ACCESS["execute"] | _ACCESS["read_file"] | _ACCESS["write_file"] | _ACCESS["truncate"]
+                    file_rights = (_ACCESS["execute"] | _ACCESS["read_file"] | _ACCESS["write_file"] | _ACCESS["truncate"]
+                                   | _ACCESS["ioctl_dev"])
                     acc = access if os.path.isdir(p) else access & file_rights  # read_dir etc.: directories only
                     acc &= handled
                     rule = _PathBeneath(acc, pfd)
@@ -192,10 +194,11 @@ def read_paths(extra=()) -> list[str]:
     return paths + [p for p in extra if p]
 
 
-def confine(scratch: str, read=(), uid: int | None = None, net: bool = True) -> list[str]:
+def confine(scratch: str, read=(), uid: int | None = None, net: bool = True, devices=()) -> list[str]:
     """Confine this process (see the module docstring). Returns what was applied, one line each.
 
-    ``net=False`` keeps TCP (the otter run talks to its Jupyter kernel over localhost)."""
+    ``net=False`` keeps TCP (the otter run talks to its Jupyter kernel over localhost). ``devices``: device
+    files it may open read-write and drive (a speed question's worker on a GPU: ``/dev/nvidia*``)."""
     done = []
     if not sys.platform.startswith("linux"):
         return ["no confinement (not Linux)"]
@@ -221,7 +224,7 @@ def confine(scratch: str, read=(), uid: int | None = None, net: bool = True) -> 
         else:
             _drop_capabilities()
             done.append("uid 0 without capabilities (the interpreter is not readable by other users)")
-    done.append(_landlock(paths, [scratch, "/dev/null"], tcp=not net, list_only=sorted(_LIST_ONLY)))
+    done.append(_landlock(paths, [scratch, "/dev/null"], tcp=not net, list_only=sorted(_LIST_ONLY), devices=devices))
     return done
 
 

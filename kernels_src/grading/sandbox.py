@@ -92,6 +92,17 @@ def _remove_runtime(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def extra_sys_path() -> list[str]:
+    """Directories of ``PYTHONPATH`` that hold no copy of the course (``kernels_src``): the workers run ``python -I``,
+    which ignores ``PYTHONPATH``, so a machine that puts its NumPy/Numba there (the GPU image's ``/tmp/site``)
+    hands them to the worker this way; the course's own tree never goes."""
+    out = []
+    for p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if p and os.path.isdir(p) and not os.path.exists(os.path.join(p, "kernels_src")):
+            out.append(os.path.realpath(p))
+    return out
+
+
 def _next_uid() -> int:
     with _runtime_lock:
         _uid_counter[0] += 1
@@ -169,8 +180,9 @@ def run(job: dict, source: str, *, inputs: dict | None = None, device_mode: str 
                   "RLIMIT_CPU": int(timeout * 2 + 10)}
         job = dict(job, limits=limits)
         runtime = runtime_dir()
+        job["sys_path"] = extra_sys_path()
         if CONFINE:
-            job["confine"] = {"read": [runtime], "uid": _next_uid(), "net": True}
+            job["confine"] = {"read": [runtime] + job["sys_path"], "uid": _next_uid(), "net": True}
         if stream is not None:
             ready_r, ready_w = os.pipe()
             job["ready_fd"] = ready_w

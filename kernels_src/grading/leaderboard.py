@@ -1,0 +1,188 @@
+"""Example results of the speed questions, and the book's leaderboard page built from them.
+
+    python -m kernels_src.grading.leaderboard run --kind cpu --out book/data/grading/perf_cpu_<machine>.json
+    python -m kernels_src.grading.leaderboard run --kind gpu --out $OUT/perfgrade/perf_h100.json
+    python -m kernels_src.grading.leaderboard page            # book/leaderboard.md from book/data/grading/perf_*.json
+
+``run`` grades each speed question (:mod:`.perf`) on the submissions of :data:`ENTRIES`: the master's
+solution and, for some questions, a plausible slower answer (a student's first try), so that the table shows
+what separates them. Every number in the page is a fraction of the ideal measured in the same run (the
+copy bandwidth or NumPy), never a raw time alone.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "book" / "data" / "grading"
+PAGE = ROOT / "book" / "leaderboard.md"
+
+# Other answers, as replacements of a question's code cell: {(exercise, question): {entry name: source}}.
+SLOWER = {
+    ("ch04_gemv", "q1"): {"column order, one core (a first try)": '''
+@njit
+def gemv_rows(y, x, W):
+    K, N = W.shape
+    for j in range(N):
+        acc = np.float32(0.0)
+        for k in range(K):
+            acc += x[k] * W[k, j]
+        y[j] = acc
+'''},
+    ("ch04_gemv", "q2"): {"one thread per column, no split of K (a first try)": '''
+@cuda.jit
+def gemv_splitk_kernel(y, x, W):
+    n = cuda.grid(1)
+    if n < y.size:
+        acc = float32(0.0)
+        for k in range(x.size):
+            acc += x[k] * W[k, n]
+        y[n] = acc
+
+
+def gemv_splitk_gpu(y, x, W):
+    K, N = W.shape
+    gemv_splitk_kernel[ceil_div(N, 128), 128](y, x, W)
+'''},
+    ("ch05_gemm", "q4"): {"naive i, j, k loops, one core (a first try)": '''
+@njit
+def gemm_blocked_cpu(C, A, B):
+    M, K = A.shape
+    N = B.shape[1]
+    for i in range(M):
+        for j in range(N):
+            acc = np.float32(0.0)
+            for k in range(K):
+                acc += A[i, k] * B[k, j]
+            C[i, j] = acc
+'''},
+}
+
+
+def _bundles(slug: str, question: str):
+    """[(entry name, bundle)]: the master's solution, then the slower answers (appended as a last cell, which
+    redefines the function)."""
+    from . import bundle as bundle_mod
+    from . import corpus
+
+    nb = corpus.solution_submission(slug)
+    out = [("master solution", bundle_mod.from_notebook(nb))]
+    for name, src in SLOWER.get((slug, question), {}).items():
+        cells = bundle_mod.notebook_cells(nb) + [(len(nb["cells"]) + 1, src)]
+        out.append((name, bundle_mod.from_cells(cells)))
+    return out
+
+
+def run(kind: str, slugs=None, runs: int | None = None, out: Path | None = None) -> dict:
+    from .. import bench, device
+    from .perf import all_specs, grade_perf
+
+    rows = []
+    for slug, specs in sorted(all_specs().items()):
+        if slugs and slug not in slugs:
+            continue
+        for s in specs:
+            if kind != "all" and s.kind != kind:
+                continue
+            if runs:
+                s = dataclasses.replace(s, runs=runs)
+            for entry, b in _bundles(slug, s.question):
+                t0 = time.perf_counter()
+                v = grade_perf(s, b)
+                rows.append({"exercise": slug, "question": s.question, "function": s.function, "kind": s.kind,
+                             "entry": entry, "status": v.status, "fraction": v.fraction, "roofline": v.roofline,
+                             "score": v.score, "points": s.points, "full": s.full, "zero": s.zero,
+                             "size": list(v.size), "device": v.device, "yardstick": v.yardstick,
+                             "ideal": "copy bandwidth measured in the same run" if s.kind == "gpu"
+                             else "NumPy, same inputs, same run", "copy_gbps": v.details.get("copy_gbps"),
+                             "runs": v.runs, "grading_s": round(time.perf_counter() - t0, 1),
+                             "feedback": v.feedback})
+                print(v.feedback, flush=True)
+                if out is not None:  # after every row: a run cut short still leaves what it measured
+                    Path(out).write_text(json.dumps(_wrap(kind, rows), indent=1, default=str))
+    return _wrap(kind, rows)
+
+
+def _wrap(kind: str, rows: list) -> dict:
+    from .. import bench, device
+
+    env = bench.environment()
+    env.pop("host", None)
+    machine = (env.get("device") or {}).get("name") if device.MODE == "gpu" and kind != "cpu" else None
+    machine = machine or f"{env.get('cpu_model')}, {env.get('cpu_threads') or env.get('cpu_count')} threads"
+    return {"kind": kind, "device": device.MODE, "machine": machine, "environment": env, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": rows}
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
+def render(files) -> str:
+    lines = [
+        "# Leaderboard: speed questions",
+        "",
+        "Some exercises have a **speed question** on top of their correctness checks, graded with",
+        "`kernels grade --perf` (see [how speed is graded](how_grading_works.md#how-speed-is-graded)). The score",
+        "is the fraction of the *ideal* a kernel reaches, measured in the same run on the same machine: for a GPU",
+        "question, the op's bytes over the copy bandwidth just measured (the roofline of a memory-bound kernel);",
+        "for a CPU question, NumPy doing the same op on the same inputs. Full credit at the question's `full`",
+        "fraction, none at or below `zero`, linear in between.",
+        "",
+        "The tables below are example results from this repository's runs: the master solution of each question",
+        "and, for some, a plausible first try. Raw times are not shown on purpose: a time means little without",
+        "the machine's own yardstick beside it. Your own run prints your fraction and its yardstick.",
+        "",
+    ]
+    for f in files:
+        d = json.loads(Path(f).read_text())
+        rows = [r for r in d["results"]]
+        if not rows:
+            continue
+        lines += [f"## {d.get('machine') or d['kind']} ({d['kind'].upper()} questions, {d.get('when', '')})", ""]
+        lines += ["| exercise | question | submission | size | ideal | fraction of ideal | "
+                  "of copy bandwidth | credit |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            size = "x".join(str(n) for n in r["size"])
+            frac = _pct(r["fraction"]) if r["status"] == "scored" else r["status"]
+            credit = f"{r['score']:g} / {r['points']:g} (full at {_pct(r['full'])}, none at {_pct(r['zero'])})"
+            lines.append(f"| {r['exercise']} | {r['question']} `{r['function']}` | {r['entry']} | {size} | "
+                         f"{r['ideal']} | {frac} | {_pct(r['roofline'])} | {credit} |")
+        lines += ["", f"Data: `book/data/grading/{Path(f).name}`.", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def page(out=PAGE) -> Path:
+    files = sorted(DATA.glob("perf_*.json"))
+    Path(out).write_text(render(files), encoding="utf-8")
+    return Path(out)
+
+
+def main(argv=None) -> int:
+    from ..usage import Parser, output_file
+
+    ap = Parser(prog="python -m kernels_src.grading.leaderboard")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--kind", choices=("cpu", "gpu", "all"), default="cpu")
+    r.add_argument("--out", required=True)
+    r.add_argument("--exercise", action="append")
+    r.add_argument("--runs", type=int)
+    sub.add_parser("page")
+    a = ap.parse_args(argv)
+    if a.cmd == "run":
+        out = output_file(a.out, "--out")
+        data = run(a.kind, a.exercise, a.runs, out)
+        out.write_text(json.dumps(data, indent=1, default=str))
+        print(f"wrote {out}")
+    else:
+        print(f"wrote {page()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
