@@ -208,6 +208,8 @@ class _Worker:
         ctl_r, ctl_w = os.pipe()
         limits = {"RLIMIT_AS": memory, "RLIMIT_FSIZE": sandbox.OUTPUT_LIMIT, "RLIMIT_CORE": 0,
                   "RLIMIT_CPU": int(timeout * 4 + 30)}
+        if device_mode == "gpu":  # a CUDA context reserves far more address space than it uses: no RLIMIT_AS
+            del limits["RLIMIT_AS"]
         job = dict(job, limits=limits, ctl_fd=ctl_w, mode="perf", sys_path=sandbox.extra_sys_path())
         runtime = sandbox.runtime_dir()
         if sandbox.CONFINE:
