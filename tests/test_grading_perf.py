@@ -89,7 +89,7 @@ def test_honest_kernel_scores_where_the_measurement_says(honest):
     v = honest
     assert v.status == "scored", v.feedback
     assert len(v.details["times_s"]) == AXPY.runs and len(v.details["baseline_times_s"]) == AXPY.runs
-    t, tb = float(np.median(v.details["times_s"])), float(np.median(v.details["baseline_times_s"]))
+    t, tb = min(v.details["times_s"]), min(v.details["baseline_times_s"])  # CPU: the fastest run of each
     assert v.seconds == pytest.approx(t) and v.baseline_seconds == pytest.approx(tb)
     assert v.fraction == pytest.approx(tb / t)
     assert v.score == pytest.approx(round(perf.credit(tb / t, AXPY.zero, AXPY.full), 4))
