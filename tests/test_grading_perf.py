@@ -61,6 +61,8 @@ def test_physical_floor_takes_the_strictest_bound():
     assert t2 == pytest.approx(1e9 / 3350e9)
     t3, why3 = perf.physical_floor(0, 2e9, copy_gbps=None, margin=1, flops_rate=1e9)
     assert t3 == pytest.approx(2.0 / perf.COMPUTE_FLOOR_MARGIN) and "GFLOP" in why3
+    t4, why4 = perf.physical_floor(1e6, 4e12, copy_gbps=10, margin=8, peak_flops=1e12)
+    assert t4 == pytest.approx(4.0) and "peak" in why4
 
 
 def test_inputs_tell_half_precision_apart():
