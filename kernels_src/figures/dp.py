@@ -7,6 +7,9 @@
   AdamW after them. What overlaps is what the eye sees overlap.
 - ``plot_loss(res)``: the n-rank loss per step over the one-process loss on the concatenated batch, and their
   difference.
+- ``plot_ab(res)``: the A/B run (``train-dp --ab-overlap K``, ``dp_capstone_ab.json``): the median step with and
+  without the overlap, beside each rank's host time per step (forward, backward launches, the rest); a step as
+  long as its host time is launch-bound, and no overlap of communication can shorten it.
 """
 from __future__ import annotations
 
@@ -83,3 +86,34 @@ def plot_loss(res: dict, axs=None):
     axs[0].legend(fontsize=8)
     axs[0].figure.tight_layout()
     return axs[0].figure
+
+
+def plot_ab(res: dict, ax=None):
+    """Median step (ms) with and without the overlap, and each rank's median host time per step, stacked."""
+    import matplotlib.pyplot as plt
+
+    ab = res["ab_overlap"]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3))
+    parts = ("forward", "backward_launch", "rest")
+    colours = {"forward": "#8172B3", "backward_launch": "#4C72B0", "rest": "#937860"}
+    x, labels = 0, []
+    for mode, v in ab.items():
+        ax.bar(x, v["step_ms_median"], color="#C44E52", width=0.8)
+        ax.text(x, v["step_ms_median"], f"{v['step_ms_median']:.1f}", ha="center", va="bottom", fontsize=7)
+        labels.append((x, f"{mode.replace('_', ' ')}\nstep"))
+        for rank, h in sorted(v["host_ms_median"].items()):
+            x += 1
+            bottom = 0.0
+            for k in parts:
+                ax.bar(x, h[k], bottom=bottom, color=colours[k], width=0.8,
+                       label=k.replace("_", " ") if (mode, rank) == (next(iter(ab)), "0") else None)
+                bottom += h[k]
+            labels.append((x, f"rank {rank}\nhost"))
+        x += 2
+    ax.set_xticks([p for p, _ in labels], [t for _, t in labels], fontsize=7)
+    ax.set_ylabel("ms (median)")
+    ax.set_title("the step with and without the overlap, and the host's time per step", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.figure.tight_layout()
+    return ax.figure
