@@ -47,8 +47,15 @@ the compiler door, the simulator, the worker). The course's references, helpers 
 from . import device
 from .device import ceil_div, cuda
 '''
-BOOT = '''import os, sys
+BOOT = '''import json, os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:  # the job's extra import paths (see extra_sys_path) go first: the runtime package imports NumPy and Numba
+    with open(sys.argv[1], encoding="utf-8") as _f:
+        _extra = json.load(_f).get("sys_path") or []
+except (OSError, ValueError, IndexError):
+    _extra = []
+for _i, _p in enumerate(_extra):
+    sys.path.insert(1 + _i, _p)
 from kernels_src.grading.worker import main
 main()
 '''

@@ -921,8 +921,6 @@ def main(argv=None) -> None:
     with open(argv[0], encoding="utf-8") as f:
         job = json.load(f)
     result: dict = {"status": "ok", "notes": []}
-    for i, p in enumerate(job.get("sys_path") or ()):  # see sandbox.extra_sys_path
-        sys.path.insert(1 + i, p)
     conf = job.get("confine")
     if conf is not None:  # first: before anything of the student's is read
         from .confine import confine
