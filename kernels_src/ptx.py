@@ -70,36 +70,100 @@ def compile_one(kernel, signature, cc=CC) -> str:
     return ptx
 
 
+def _ops(op) -> list:
+    """``None`` (every op), one op's name, or a list of names, as the list ``variants()`` takes one at a time."""
+    return [None] if op is None else [op] if isinstance(op, str) else list(op)
+
+
+def _kernel_key(kernel, sig):
+    opts = getattr(kernel, "targetoptions", {}) or {}
+    return (id(py_func(kernel)), str(sig), repr(sorted((k, opts[k]) for k in ("fastmath", "launch_bounds", "lineinfo")
+                                                        if opts.get(k))))
+
+
 def compile_registry(op=None, cc=CC) -> list[PtxResult]:
-    """Compile every (kernel, signature) listed by GPU variants, in this process."""
+    """Compile every (kernel, signature) listed by GPU variants, in this process.
+
+    ``op``: None (all), an op's name, or a list of names. A kernel that several variants list with the same
+    signature and options (a shared rung, an op built on another op's kernels) compiles once; each variant still
+    gets its own result line, so the report (and a test's failure message) names every variant that lists it."""
     from .registry import variants
 
     results = []
-    for v in variants(op, "gpu"):
-        if v.baseline:
-            continue
-        if not v.ptx:
-            results.append(PtxResult(v.key, "-", "", False, "no kernels listed: register(..., ptx=[(kernel, sig)])"))
-            continue
-        for kernel, sig in v.ptx:
-            name = getattr(py_func(kernel), "__qualname__", repr(kernel))
-            try:
-                ptx = compile_one(kernel, sig, cc)
-                results.append(PtxResult(v.key, name, f"{sig}", True, ptx_lines=ptx.count("\n")))
-            except Exception as e:  # noqa: BLE001  (a typing error is the finding, not a crash)
-                msg = " ".join(str(e).split())[:600]
-                results.append(PtxResult(v.key, name, f"{sig}", False, f"{type(e).__name__}: {msg}"))
+    done: dict = {}
+    for name_of_op in _ops(op):
+        for v in variants(name_of_op, "gpu"):
+            if v.baseline:
+                continue
+            if not v.ptx:
+                results.append(PtxResult(v.key, "-", "", False,
+                                         "no kernels listed: register(..., ptx=[(kernel, sig)])"))
+                continue
+            for kernel, sig in v.ptx:
+                name = getattr(py_func(kernel), "__qualname__", repr(kernel))
+                key = _kernel_key(kernel, sig)
+                if key not in done:
+                    try:
+                        ptx = compile_one(kernel, sig, cc)
+                        done[key] = (True, "", ptx.count("\n"))
+                    except Exception as e:  # noqa: BLE001  (a typing error is the finding, not a crash)
+                        msg = " ".join(str(e).split())[:600]
+                        done[key] = (False, f"{type(e).__name__}: {msg}", 0)
+                ok, msg, lines = done[key]
+                results.append(PtxResult(v.key, name, f"{sig}", ok, msg, lines))
     return results
 
 
+def registry_chunks(n: int) -> list[tuple[str, ...]]:
+    """The GPU ops of the registry in ``n`` groups of about equal work, for tests that compile the whole registry
+    in parallel (one child process per group). Ops that share a kernel stay in one group, so that it compiles once;
+    the groups together hold every op with a GPU variant. Computed from the registry in this process (the
+    simulator lists the same variants and kernels as the real numba.cuda)."""
+    from .registry import variants
+
+    kernels_of: dict[str, set] = {}
+    for v in variants(None, "gpu"):
+        if not v.baseline:
+            kernels_of.setdefault(v.op, set()).update(_kernel_key(k, s) for k, s in (v.ptx or []))
+    # connected components of "shares a kernel"
+    parent = {o: o for o in kernels_of}
+
+    def root(o):
+        while parent[o] != o:
+            parent[o] = parent[parent[o]]
+            o = parent[o]
+        return o
+
+    owner: dict = {}
+    for o, ks in kernels_of.items():
+        for k in ks:
+            if k in owner:
+                parent[root(o)] = root(owner[k])
+            else:
+                owner[k] = o
+    comps: dict[str, list[str]] = {}
+    for o in sorted(kernels_of):
+        comps.setdefault(root(o), []).append(o)
+    weight = {r: 1 + len(set().union(*(kernels_of[o] for o in ops))) for r, ops in comps.items()}
+    groups: list[list[str]] = [[] for _ in range(max(1, n))]
+    load = [0] * len(groups)
+    for r in sorted(comps, key=lambda r: (-weight[r], r)):  # largest first, into the lightest group
+        i = load.index(min(load))
+        groups[i] += comps[r]
+        load[i] += weight[r]
+    return [tuple(sorted(g)) for g in groups if g]
+
+
 def compile_registry_subprocess(op=None, cc=CC, timeout=900) -> list[PtxResult]:
-    """Run :func:`compile_registry` in a child with the real numba.cuda, and collect its results."""
+    """Run :func:`compile_registry` in a child with the real numba.cuda, and collect its results.
+
+    ``op``: None (all), an op's name, or a list of names (one child compiles them all)."""
     why = unavailable()
     if why:
         raise RuntimeError(f"cannot compile to PTX: {why}")
     env = dict(os.environ, KERNELS_DEVICE="ptx", NUMBA_ENABLE_CUDASIM="0")
     code = ("import json,sys; from kernels_src import ptx; "
-            f"r = ptx.compile_registry({op!r}, {tuple(cc)!r}); "
+            f"r = ptx.compile_registry({op if op is None or isinstance(op, str) else list(op)!r}, {tuple(cc)!r}); "
             "sys.stdout.write('@@PTX@@' + json.dumps([x.__dict__ for x in r]))")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0 or "@@PTX@@" not in p.stdout:

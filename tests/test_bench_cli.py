@@ -124,13 +124,32 @@ def test_doctor_runs(run_python):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.ptx
-def test_every_gpu_kernel_compiles_to_ptx():
-    from kernels_src.ptx import compile_registry_subprocess
+# Every GPU kernel of the registry, in PTX_PARTS groups of ops (one child process each), so that pytest-xdist's
+# workers share the work instead of one worker compiling all of it; the groups together hold every op.
+PTX_PARTS = 8
 
-    results = compile_registry_subprocess()
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("part", range(PTX_PARTS), ids=lambda i: f"part{i + 1}of{PTX_PARTS}")
+def test_every_gpu_kernel_compiles_to_ptx(part):
+    from kernels_src.ptx import compile_registry_subprocess, registry_chunks
+
+    chunks = registry_chunks(PTX_PARTS)
+    if part >= len(chunks):
+        pytest.skip("fewer ops than parts")
+    results = compile_registry_subprocess(chunks[part])
     bad = [str(r) for r in results if not r.ok]
     assert results and not bad, "\n".join(bad)
+
+
+def test_the_ptx_parts_hold_every_gpu_op_once():
+    from kernels_src.ptx import registry_chunks
+    from kernels_src.registry import variants
+
+    chunks = registry_chunks(PTX_PARTS)
+    ops = [op for c in chunks for op in c]
+    assert len(ops) == len(set(ops))
+    assert set(ops) == {v.op for v in variants(None, "gpu") if not v.baseline}
 
 
 @pytest.mark.ptx
