@@ -325,3 +325,102 @@ def install() -> None:
     _thread_safe_cuda_swap()  # before _follow_cuda_math, which wraps the swap
     _follow_cuda_math()
     _keep_thread_exceptions()
+
+
+# ------------------------------------------------------------------------------- one OS thread per block
+class _GreenThread:
+    """What the simulator's kernel API asks of "the current thread" (its indices, its block, a barrier), for a
+    CUDA thread run as a greenlet."""
+
+    def __init__(self, manager, block_point, thread_point, parent):
+        from numba.cuda.simulator.kernel import BlockThread, Dim3
+
+        self._manager = manager
+        self.blockIdx = Dim3(*block_point)
+        self.threadIdx = Dim3(*thread_point)
+        bd = Dim3(*manager._block_dim)
+        self.thread_id = self.threadIdx.x + bd.x * (self.threadIdx.y + bd.y * self.threadIdx.z)
+        self._parent = parent
+        self._api = BlockThread  # syncthreads_count/and/or are written against syncthreads and _manager
+
+    def syncthreads(self):
+        self._parent.switch()  # back to the block's loop, which resumes every thread once all are here
+
+    def syncthreads_count(self, value):
+        return self._api.syncthreads_count(self, value)
+
+    def syncthreads_and(self, value):
+        return self._api.syncthreads_and(self, value)
+
+    def syncthreads_or(self, value):
+        return self._api.syncthreads_or(self, value)
+
+    def __str__(self):
+        return f"Thread <<<{self.blockIdx}, {self.threadIdx}>>>"
+
+
+@contextlib.contextmanager
+def threads_as_greenlets():
+    """Run each simulated block's threads as greenlets in the calling thread instead of one OS thread each.
+
+    The simulator's own block loop starts an OS thread per CUDA thread and polls them all until each has
+    reached ``syncthreads()`` or ended; starting and scheduling those threads is nearly all of a small
+    kernel's simulated time (1 500 thread starts for a 389-element check take seconds on a loaded 2-core
+    machine). Here every thread of a block runs, in thread order, until it reaches ``syncthreads()`` or ends;
+    when every live thread waits at the barrier, all go on. That is a schedule a GPU may run, and the results of a
+    kernel without a data race do not depend on the schedule: 10-40x faster (wall time) on the course's kernels.
+
+    Not for everything: kernels whose threads wait on each other other than at ``syncthreads()`` (the
+    simulator's ``mma.sync``, which gathers a warp at a ``threading.Barrier``; it raises "runs only inside a
+    kernel" here) need OS threads, and the race detector and the grader keep the simulator's own loop, whose
+    interleavings can expose a race. Tests that only need a correct kernel's results (the seed sweep) use this.
+    """
+    import greenlet
+    from numba.cuda.simulator import kernel, kernelapi
+
+    current = [None]
+    real_threading = kernelapi.threading
+    shim = types.ModuleType("threading")
+    shim.__dict__.update(real_threading.__dict__)
+    shim.current_thread = lambda: current[0] if current[0] is not None else real_threading.current_thread()
+
+    def run(self, grid_point, *args):
+        main = greenlet.getcurrent()
+        live = []
+        for block_point in np.ndindex(*self._block_dim):
+            t = _GreenThread(self, grid_point, block_point, main)
+            live.append((t, greenlet.greenlet(lambda: self._f(*args), parent=main)))
+        try:
+            while live:  # one round: every live thread runs to the barrier or to its end
+                waiting = []
+                for t, g in live:
+                    current[0] = t
+                    try:
+                        g.switch()
+                    except BaseException as e:
+                        e.add_note(f"in simulated thread tid={list(t.threadIdx)} ctaid={list(t.blockIdx)}")
+                        raise
+                    finally:
+                        current[0] = None
+                    if not g.dead:
+                        waiting.append((t, g))
+                live = waiting
+        finally:
+            for t, g in live:  # after an error: unwind the others (their `with` blocks exit in order)
+                if not g.dead:
+                    current[0] = t
+                    try:
+                        g.throw()
+                    except BaseException:  # noqa: BLE001  (the first error is the one that propagates)
+                        pass
+                    finally:
+                        current[0] = None
+
+    saved = kernel.BlockManager.run
+    kernel.BlockManager.run = run
+    kernelapi.threading = shim
+    try:
+        yield
+    finally:
+        kernel.BlockManager.run = saved
+        kernelapi.threading = real_threading

@@ -107,3 +107,69 @@ def test_concurrent_blocks_keep_cuda_math_until_the_last_thread_leaves():
         t.join()
     assert not errors
     assert globals()["math"] is math
+
+
+# --------------------------------------------------------------- threads_as_greenlets (the seed sweep's engine)
+@cuda.jit
+def _block_sum_kernel(out, counts, x):
+    """A tree sum in shared memory (barriers in a loop), syncthreads_count, and a 2-D block: the engine's
+    barrier must hold every thread until all arrive, or the sums come out wrong."""
+    s = cuda.shared.array(64, np.float64)
+    t = cuda.threadIdx.x + cuda.blockDim.x * cuda.threadIdx.y
+    i = cuda.blockIdx.x * 64 + t
+    s[t] = x[i] if i < x.size else 0.0
+    cuda.syncthreads()
+    step = 32
+    while step > 0:
+        if t < step:
+            s[t] += s[t + step]
+        cuda.syncthreads()
+        step //= 2
+    n = cuda.syncthreads_count(i < x.size and x[i] > 0)
+    if t == 0:
+        out[cuda.blockIdx.x] = s[0]
+        counts[cuda.blockIdx.x] = n
+
+
+@cuda.jit
+def _raises_in_one_thread(out):
+    t = cuda.threadIdx.x
+    cuda.syncthreads()
+    if t == 5:
+        out[100] = 1.0  # out of bounds
+    out[t] = t
+
+
+@needs_sim
+@pytest.mark.parametrize("engine", ["os_threads", "greenlets"])
+def test_block_barriers_hold_in_both_engines(engine):
+    from kernels_src.simulator import threads_as_greenlets
+
+    pytest.importorskip("greenlet")
+    x = np.random.default_rng(3).standard_normal(64 * 3 - 7)
+    out, counts = np.full(3, np.nan), np.zeros(3, np.int64)
+    import contextlib
+
+    with (threads_as_greenlets() if engine == "greenlets" else contextlib.nullcontext()):
+        _block_sum_kernel[3, (16, 4)](out, counts, x)
+    padded = np.concatenate([x, np.zeros(7)]).reshape(3, 64)
+    np.testing.assert_allclose(out, padded.sum(axis=1), rtol=1e-12)
+    np.testing.assert_array_equal(counts, (padded > 0).sum(axis=1))
+
+
+@needs_sim
+def test_greenlet_engine_reports_a_thread_error_and_restores_the_simulator():
+    from numba.cuda.simulator import kernel, kernelapi
+
+    from kernels_src.simulator import threads_as_greenlets
+
+    pytest.importorskip("greenlet")
+    before = (kernel.BlockManager.run, kernelapi.threading)
+    with pytest.raises(IndexError) as e:
+        with threads_as_greenlets():
+            _raises_in_one_thread[1, 8](np.zeros(8))
+    assert "tid=[5, 0, 0]" in "".join(getattr(e.value, "__notes__", [])), e.value
+    assert (kernel.BlockManager.run, kernelapi.threading) == before
+    out = np.zeros(8)
+    _block_sum_kernel[1, 64](out, np.zeros(1, np.int64), np.ones(64))  # the OS-thread engine works again
+    assert out[0] == 64
