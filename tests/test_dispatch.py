@@ -228,10 +228,25 @@ def test_model_matches_reference_simulated_splitk(monkeypatch):
     p = _params(cfg)
     rng = np.random.default_rng(0)
     ids, tg = rng.integers(0, cfg.vocab, (2, 11)), rng.integers(0, cfg.vocab, (2, 11))
-    model = GPT(cfg, p, backend("gpu", ALL_SPLITK))
-    model.be.log = []
-    _check_train(model, ReferenceGPT(cfg, p), ids, tg)
-    tn = [d for d in model.be.log if d.role == "gemm_tn"]
-    assert tn and all(d.variant == "gemm/gpu/splitk" for d in tn)
-    assert gemm.splitk_slices(16, 48, 22) == 2
-    _check_decode(GPT(cfg, p, backend("gpu")), p, cfg, [5, 2, 6])
+    # Each block's threads as greenlets, not OS threads (several times faster): what is tested here is the
+    # dispatch and the model's numbers; every kernel's barriers are checked with OS threads by the race test
+    # of tests/test_registry.py.
+    with _greenlets():
+        model = GPT(cfg, p, backend("gpu", ALL_SPLITK))
+        model.be.log = []
+        _check_train(model, ReferenceGPT(cfg, p), ids, tg)
+        tn = [d for d in model.be.log if d.role == "gemm_tn"]
+        assert tn and all(d.variant == "gemm/gpu/splitk" for d in tn)
+        assert gemm.splitk_slices(16, 48, 22) == 2
+        _check_decode(GPT(cfg, p, backend("gpu")), p, cfg, [5, 2, 6])
+
+
+def _greenlets():
+    import contextlib
+    import importlib.util
+
+    if not device.SIMULATED or importlib.util.find_spec("greenlet") is None:
+        return contextlib.nullcontext()
+    from kernels_src.simulator import threads_as_greenlets
+
+    return threads_as_greenlets()

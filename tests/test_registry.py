@@ -2,15 +2,35 @@
 
 These tests enumerate the registry, so a chapter that adds a kernel family is tested here with no
 extra code: CPU variants at the op's ``check`` sizes, GPU variants in the simulator at ``check_sim``.
+
+Against the reference, simulated GPU variants run each block's threads as greenlets
+(:func:`kernels_src.simulator.threads_as_greenlets`): the same sizes, seeds and arithmetic in one schedule a GPU
+may run, several times faster than one OS thread per CUDA thread. A race-free kernel's results do not depend on
+the schedule, and whether a kernel is race-free is checked below with the simulator's own OS-thread loop
+(test_gpu_variant_has_no_shared_memory_race, every GPU variant at its largest simulated size). Kernels whose
+warps meet other than at ``syncthreads()`` (the simulated ``mma.sync``, a threading.Barrier) keep OS threads:
+THREADED_MODULES.
 """
+import contextlib
+import importlib.util
 import zlib
 
 import numpy as np
 import pytest
 
 import kernels_src
-from kernels_src import device, parity
+from kernels_src import device, parity, simulator
 from kernels_src.registry import get_op, ops, variants
+
+THREADED_MODULES = {"kernels_src.ops.gemm_tc"}  # mma.sync in the simulator gathers a warp at a threading.Barrier
+HAS_GREENLET = importlib.util.find_spec("greenlet") is not None
+
+
+def _engine(v):
+    if (v.backend != "gpu" or not device.SIMULATED or not HAS_GREENLET
+            or getattr(v.fn, "__module__", None) in THREADED_MODULES):
+        return contextlib.nullcontext()
+    return simulator.threads_as_greenlets()
 
 
 def _cases():
@@ -28,7 +48,8 @@ def test_variant_matches_reference(key, size, dtype):
     v = kernels_src.get_variant(key)
     # a stable per-case seed (str hashes change between processes), so a failure can be reproduced
     seed = zlib.crc32(f"{key}{size}{dtype}".encode())
-    rep = parity.check_variant(v, get_op(v.op), size, dtype, seed=seed)
+    with _engine(v):
+        rep = parity.check_variant(v, get_op(v.op), size, dtype, seed=seed)
     if rep.skipped:
         pytest.skip(rep.skipped)
     assert rep.ok, str(rep)
@@ -57,8 +78,9 @@ def test_variant_matches_reference_on_edge_values(key, size):
     v = kernels_src.get_variant(key)
     if v.edge_exempt:
         pytest.skip(f"{key} is exempt: {v.edge_exempt}")
-    rep = parity.check_variant(v, get_op(v.op), size, "float32", seed=zlib.crc32(f"{key}{size}edge".encode()),
-                               edge=True)
+    with _engine(v):
+        rep = parity.check_variant(v, get_op(v.op), size, "float32", seed=zlib.crc32(f"{key}{size}edge".encode()),
+                                   edge=True)
     if rep.skipped:
         pytest.skip(rep.skipped)
     assert rep.ok, str(rep)
