@@ -40,7 +40,7 @@ import traceback
 import numpy as np
 
 from ..compiler import njit
-from .env import rank_env
+from .env import rank_env, stop_processes
 from .schedule import chunk_bounds
 
 __all__ = ["launch", "Comm", "CollectiveError", "reduce_into", "demo_all_reduce"]
@@ -545,14 +545,7 @@ def launch(fn, nranks, *args, timeout=60.0):
                                 for r in range(nranks)) + ")")
         return [results[r] for r in range(nranks)]
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(2.0)
-            if p.is_alive():
-                p.kill()
-                p.join(2.0)
+        stop_processes(procs, 2.0)
         for c in conns:
             c.close()
         gens = ctl[:, GEN].copy()

@@ -1,4 +1,5 @@
-"""The environment of a rank. Every launcher in the course builds its ranks' environment here.
+"""The environment of a rank, and how its process is stopped. Every launcher in the course builds its ranks'
+environment here, and stops what is left of them with ``stop_processes``.
 
 NVLink multicast (NVLS) stays off everywhere: on shared multi-GPU hosts a program that creates multicast objects
 can put the GPUs out of service. NCCL, PyTorch's symmetric memory and NVSHMEM each have a switch; all three are set
@@ -31,3 +32,17 @@ def rank_env(rank: int, nranks: int, port: int, base=None, *, master="127.0.0.1"
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nranks), LOCAL_WORLD_SIZE=str(nranks),
                MASTER_ADDR=master, MASTER_PORT=str(port))
     return apply_safe_env(env)
+
+
+def stop_processes(procs, grace: float = 2.0) -> None:
+    """Stop every ``multiprocessing.Process`` in ``procs`` that is still running: SIGTERM, then SIGKILL for one that
+    has not ended after ``grace`` seconds. A launcher calls this in its ``finally``, so that no rank is left
+    spinning on a flag or a GPU after an error or a timeout."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(grace)
+        if p.is_alive():
+            p.kill()
+            p.join(grace)

@@ -92,7 +92,7 @@ from multiprocessing.connection import wait as _wait
 import numpy as np
 
 from ..compiler import cuda, flag_load, flag_store, float32, int32, int64, load4, store4  # noqa: F401
-from .env import rank_env
+from .env import rank_env, stop_processes
 
 BLOCK = 512          # threads per block of both all-reduce kernels
 MAX_BLOCKS = 1024    # flag slots per rank (the grid never has more blocks than this)
@@ -466,14 +466,7 @@ def launch(fn, nranks: int, *args, timeout: float = 300.0, port: int | None = No
             p.join(30)
         return results
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
+        stop_processes(procs, 5.0)
 
 
 # ================================================================================================ the comm
