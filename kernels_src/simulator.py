@@ -344,7 +344,7 @@ class _GreenThread:
         self._api = BlockThread  # syncthreads_count/and/or are written against syncthreads and _manager
 
     def syncthreads(self):
-        self._parent.switch()  # back to the block's loop, which resumes every thread once all are here
+        self._parent.switch(_BLOCK)  # back to the block's loop, which resumes every thread once all are here
 
     def syncthreads_count(self, value):
         return self._api.syncthreads_count(self, value)
@@ -359,6 +359,21 @@ class _GreenThread:
         return f"Thread <<<{self.blockIdx}, {self.threadIdx}>>>"
 
 
+class _GreenBarrier:
+    """``threading.Barrier`` for greenlet threads (the simulated ``mma.sync`` gathers a warp at one): waiting
+    returns to the block's loop, which resumes the waiters once ``parties`` of them are here."""
+
+    def __init__(self, parties, current, timeout=None):
+        self.parties = parties
+        self._current = current
+
+    def wait(self, timeout=None):
+        self._current[0]._parent.switch(self)
+
+
+_BLOCK = "syncthreads"
+
+
 @contextlib.contextmanager
 def threads_as_greenlets():
     """Run each simulated block's threads as greenlets in the calling thread instead of one OS thread each.
@@ -366,14 +381,16 @@ def threads_as_greenlets():
     The simulator's own block loop starts an OS thread per CUDA thread and polls them all until each has
     reached ``syncthreads()`` or ended; starting and scheduling those threads is nearly all of a small
     kernel's simulated time (1 500 thread starts for a 389-element check take seconds on a loaded 2-core
-    machine). Here every thread of a block runs, in thread order, until it reaches ``syncthreads()`` or ends;
-    when every live thread waits at the barrier, all go on. That is a schedule a GPU may run, and the results of a
-    kernel without a data race do not depend on the schedule: 10-40x faster (wall time) on the course's kernels.
+    machine). Here every thread of a block runs, in thread order, until it reaches a barrier or ends. When every
+    live thread waits at ``syncthreads()``, all go on; when all the parties of a warp's barrier (the simulated
+    ``mma.sync``, :mod:`kernels_src.compiler.inline_ptx`) are there, those go on. That is a schedule a GPU may
+    run, and the results of a kernel without a data race do not depend on the schedule: 10-40x faster (wall
+    time) on the course's kernels. Threads that wait at different barriers with none complete raise (a GPU
+    would hang).
 
-    Not for everything: kernels whose threads wait on each other other than at ``syncthreads()`` (the
-    simulator's ``mma.sync``, which gathers a warp at a ``threading.Barrier``; it raises "runs only inside a
-    kernel" here) need OS threads, and the race detector and the grader keep the simulator's own loop, whose
-    interleavings can expose a race. Tests that only need a correct kernel's results (the seed sweep) use this.
+    Not for everything: threads that wait on each other any other way (a spin on a flag) hang here, and the
+    race detector and the grader keep the simulator's own loop, whose interleavings can expose a race. Tests
+    that need a race-free kernel's results (the seed sweep, the registry against the reference) use this.
     """
     import greenlet
     from numba.cuda.simulator import kernel, kernelapi
@@ -383,6 +400,8 @@ def threads_as_greenlets():
     shim = types.ModuleType("threading")
     shim.__dict__.update(real_threading.__dict__)
     shim.current_thread = lambda: current[0] if current[0] is not None else real_threading.current_thread()
+    shim.Barrier = lambda parties, *a, **k: (_GreenBarrier(parties, current) if current[0] is not None
+                                             else real_threading.Barrier(parties, *a, **k))
 
     def run(self, grid_point, *args):
         main = greenlet.getcurrent()
@@ -390,21 +409,33 @@ def threads_as_greenlets():
         for block_point in np.ndindex(*self._block_dim):
             t = _GreenThread(self, grid_point, block_point, main)
             live.append((t, greenlet.greenlet(lambda: self._f(*args), parent=main)))
+        runnable = live
+        waits: dict = {}  # thread -> what it waits at (_BLOCK or a _GreenBarrier)
         try:
-            while live:  # one round: every live thread runs to the barrier or to its end
-                waiting = []
-                for t, g in live:
+            while live:
+                for t, g in runnable:  # each runs to a barrier or to its end
                     current[0] = t
                     try:
-                        g.switch()
+                        waits[t] = g.switch()
                     except BaseException as e:
                         e.add_note(f"in simulated thread tid={list(t.threadIdx)} ctaid={list(t.blockIdx)}")
                         raise
                     finally:
                         current[0] = None
-                    if not g.dead:
-                        waiting.append((t, g))
-                live = waiting
+                live = [(t, g) for t, g in live if not g.dead]
+                groups: dict = {}
+                for t, g in live:
+                    groups.setdefault(id(waits[t]), []).append((t, g))
+                full = [grp for grp in groups.values()
+                        if waits[grp[0][0]] is not _BLOCK and len(grp) >= waits[grp[0][0]].parties]
+                if full:
+                    runnable = [tg for grp in full for tg in grp]
+                elif len(groups) == 1 and waits[live[0][0]] is _BLOCK:
+                    runnable = live
+                elif live:
+                    raise RuntimeError("simulated threads wait at different barriers and none is complete (a warp "
+                                       "barrier some lanes never reach, as an mma.sync under a bounds guard): "
+                                       "a GPU would hang")
         finally:
             for t, g in live:  # after an error: unwind the others (their `with` blocks exit in order)
                 if not g.dead:
@@ -416,11 +447,16 @@ def threads_as_greenlets():
                     finally:
                         current[0] = None
 
+    inline_ptx = sys.modules.get("kernels_src.compiler.inline_ptx")
     saved = kernel.BlockManager.run
     kernel.BlockManager.run = run
     kernelapi.threading = shim
+    if getattr(inline_ptx, "_threading", None) is real_threading:
+        inline_ptx._threading = shim
     try:
         yield
     finally:
         kernel.BlockManager.run = saved
         kernelapi.threading = real_threading
+        if inline_ptx is not None and getattr(inline_ptx, "_threading", None) is shim:
+            inline_ptx._threading = real_threading

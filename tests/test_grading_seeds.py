@@ -16,8 +16,7 @@ The simulated GPU answers run with each block's threads as greenlets (:func:`ker
 threads_as_greenlets`), not one OS thread per CUDA thread: the same checks, seeds, inputs and arithmetic, run in
 a schedule a GPU may use, 10-40x faster. What a seed changes is the input values, and a correct kernel's results
 do not depend on the schedule; the OS-thread schedule (with the race detector) stays with the grader, which
-the full-marks run goes through. Chapters whose kernels gather a warp other than at ``syncthreads()`` (the
-simulator's ``mma.sync``) keep OS threads: THREADED.
+the full-marks run goes through.
 """
 import contextlib
 import importlib.util
@@ -36,12 +35,11 @@ from kernels_src.grading.submission import load_autograder
 N_SEEDS = 50
 N_SEEDS_VISIBLE = 10
 SLUGS = sorted(m.stem for m in (ROOT / "solutions").glob("ch[0-9][0-9]_*.md"))
-THREADED = {"ch20_tensor_cores"}  # mma.sync in the simulator: a warp meets at a threading.Barrier
 HAS_GREENLET = importlib.util.find_spec("greenlet") is not None
 
 
 def _engine(slug):
-    if slug in THREADED or not HAS_GREENLET or not device.SIMULATED:
+    if not HAS_GREENLET or not device.SIMULATED:
         return contextlib.nullcontext()
     return simulator.threads_as_greenlets()
 

@@ -7,9 +7,7 @@ Against the reference, simulated GPU variants run each block's threads as greenl
 (:func:`kernels_src.simulator.threads_as_greenlets`): the same sizes, seeds and arithmetic in one schedule a GPU
 may run, several times faster than one OS thread per CUDA thread. A race-free kernel's results do not depend on
 the schedule, and whether a kernel is race-free is checked below with the simulator's own OS-thread loop
-(test_gpu_variant_has_no_shared_memory_race, every GPU variant at its largest simulated size). Kernels whose
-warps meet other than at ``syncthreads()`` (the simulated ``mma.sync``, a threading.Barrier) keep OS threads:
-THREADED_MODULES.
+(test_gpu_variant_has_no_shared_memory_race, every GPU variant at its largest simulated size).
 """
 import contextlib
 import importlib.util
@@ -22,13 +20,11 @@ import kernels_src
 from kernels_src import device, parity, simulator
 from kernels_src.registry import get_op, ops, variants
 
-THREADED_MODULES = {"kernels_src.ops.gemm_tc"}  # mma.sync in the simulator gathers a warp at a threading.Barrier
 HAS_GREENLET = importlib.util.find_spec("greenlet") is not None
 
 
 def _engine(v):
-    if (v.backend != "gpu" or not device.SIMULATED or not HAS_GREENLET
-            or getattr(v.fn, "__module__", None) in THREADED_MODULES):
+    if v.backend != "gpu" or not device.SIMULATED or not HAS_GREENLET:
         return contextlib.nullcontext()
     return simulator.threads_as_greenlets()
 

@@ -173,3 +173,34 @@ def test_greenlet_engine_reports_a_thread_error_and_restores_the_simulator():
     out = np.zeros(8)
     _block_sum_kernel[1, 64](out, np.zeros(1, np.int64), np.ones(64))  # the OS-thread engine works again
     assert out[0] == 64
+
+
+@cuda.jit
+def _mma_one_tile(out, A, B, lanes):
+    """One warp multiplies a 16x8 A by an 8x8 B with the simulated mma.sync (a warp barrier); lanes >= `lanes`
+    return before it (`lanes` < 32: a GPU would hang)."""
+    from kernels_src.compiler import mma_tf32
+
+    lane = cuda.threadIdx.x
+    if lane >= lanes:
+        return
+    g, t = lane >> 2, lane & 3
+    d0, d1, d2, d3 = mma_tf32(A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4], B[t, g], B[t + 4, g],
+                              0.0, 0.0, 0.0, 0.0)
+    out[g, 2 * t], out[g, 2 * t + 1], out[g + 8, 2 * t], out[g + 8, 2 * t + 1] = d0, d1, d2, d3
+
+
+@needs_sim
+def test_greenlet_engine_gathers_a_warp_at_mma_and_refuses_a_partial_warp():
+    from kernels_src.compiler.inline_ptx import tf32_round_bits  # noqa: F401  (loads the mma emulation)
+    from kernels_src.simulator import threads_as_greenlets
+
+    pytest.importorskip("greenlet")
+    rng = np.random.default_rng(0)
+    A, B = rng.integers(-4, 5, (16, 8)).astype(np.float32), rng.integers(-4, 5, (8, 8)).astype(np.float32)
+    out = np.full((16, 8), np.nan, np.float32)
+    with threads_as_greenlets():
+        _mma_one_tile[1, 32](out, A, B, 32)
+        np.testing.assert_array_equal(out, A.astype(np.float64) @ B)  # small integers: exact in tf32
+        with pytest.raises(RuntimeError, match="a GPU would hang"):
+            _mma_one_tile[1, 32](out, A, B, 20)
