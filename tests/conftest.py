@@ -71,6 +71,27 @@ def run_python():
     return run
 
 
+@pytest.fixture
+def sim_greenlets():
+    """Simulated blocks run their threads as greenlets during the test (kernels_src.simulator.threads_as_greenlets):
+    several times faster, one schedule a GPU may run. For tests of race-free kernels' results (a model against
+    its reference); whether each kernel is race-free is tested with OS threads (tests/test_registry.py's race
+    test). No effect on a real GPU or without greenlet."""
+    import contextlib
+    import importlib.util
+
+    import kernels_src
+
+    if not kernels_src.device.SIMULATED or importlib.util.find_spec("greenlet") is None:
+        ctx = contextlib.nullcontext()
+    else:
+        from kernels_src.simulator import threads_as_greenlets
+
+        ctx = threads_as_greenlets()
+    with ctx:
+        yield
+
+
 @pytest.fixture(scope="session")
 def browser():
     """A headless Chromium (Playwright); skips the test without one, fails under REQUIRE_BROWSER=1.

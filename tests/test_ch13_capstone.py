@@ -56,7 +56,7 @@ def test_fixed_batch_cpu():
     _compare(GPT(cfg, p, "cpu"), ReferenceGPT(cfg, p), ids, tg)
 
 
-def test_fixed_batch_gpu_simulated():
+def test_fixed_batch_gpu_simulated(sim_greenlets):
     """The GPU backend (in the simulator here; on the H100 in the chapter's run): one tiny batch."""
     from kernels_src import device
 

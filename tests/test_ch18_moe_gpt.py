@@ -28,7 +28,7 @@ def test_moe_fixed_batch_cpu():
 
 
 @pytest.mark.slow
-def test_moe_fixed_batch_gpu_simulated():
+def test_moe_fixed_batch_gpu_simulated(sim_greenlets):
     from kernels_src import device
 
     if not device.GPU_VARIANTS_RUN:

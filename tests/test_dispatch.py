@@ -216,7 +216,7 @@ def test_model_matches_reference_cpu(table):
     _check_decode(GPT(cfg, p, backend("cpu", table)), p, cfg, [5, 17, 3, 20])
 
 
-def test_model_matches_reference_simulated_splitk(monkeypatch):
+def test_model_matches_reference_simulated_splitk(monkeypatch, sim_greenlets):
     """The GPU backend in the simulator, every product through the split-K GEMM with 2 slices (K tiles of 16:
     B*T = 22 token rows are two tiles), then decode steps through the GEMVs."""
     if not device.GPU_VARIANTS_RUN:
@@ -228,25 +228,13 @@ def test_model_matches_reference_simulated_splitk(monkeypatch):
     p = _params(cfg)
     rng = np.random.default_rng(0)
     ids, tg = rng.integers(0, cfg.vocab, (2, 11)), rng.integers(0, cfg.vocab, (2, 11))
-    # Each block's threads as greenlets, not OS threads (several times faster): what is tested here is the
-    # dispatch and the model's numbers; every kernel's barriers are checked with OS threads by the race test
-    # of tests/test_registry.py.
-    with _greenlets():
-        model = GPT(cfg, p, backend("gpu", ALL_SPLITK))
-        model.be.log = []
-        _check_train(model, ReferenceGPT(cfg, p), ids, tg)
-        tn = [d for d in model.be.log if d.role == "gemm_tn"]
-        assert tn and all(d.variant == "gemm/gpu/splitk" for d in tn)
-        assert gemm.splitk_slices(16, 48, 22) == 2
-        _check_decode(GPT(cfg, p, backend("gpu")), p, cfg, [5, 2, 6])
-
-
-def _greenlets():
-    import contextlib
-    import importlib.util
-
-    if not device.SIMULATED or importlib.util.find_spec("greenlet") is None:
-        return contextlib.nullcontext()
-    from kernels_src.simulator import threads_as_greenlets
-
-    return threads_as_greenlets()
+    # sim_greenlets: each block's threads as greenlets, not OS threads (several times faster); what is tested
+    # here is the dispatch and the model's numbers, and every kernel's barriers are checked with OS threads by
+    # the race test of tests/test_registry.py.
+    model = GPT(cfg, p, backend("gpu", ALL_SPLITK))
+    model.be.log = []
+    _check_train(model, ReferenceGPT(cfg, p), ids, tg)
+    tn = [d for d in model.be.log if d.role == "gemm_tn"]
+    assert tn and all(d.variant == "gemm/gpu/splitk" for d in tn)
+    assert gemm.splitk_slices(16, 48, 22) == 2
+    _check_decode(GPT(cfg, p, backend("gpu")), p, cfg, [5, 2, 6])
