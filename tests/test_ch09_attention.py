@@ -107,7 +107,7 @@ def _check(key, op_name, size, inputs, tol):
 
 
 @pytest.mark.parametrize("key", _stable_variants("attention") + ["attention/cpu/naive"])
-def test_forward_edge_inputs(key):
+def test_forward_edge_inputs(key, sim_greenlets):  # results only (races: test_registry)
     """Logits near +-1e4, exact ties, kv_len = 0 (fully masked rows), causal with S > T, S = 1."""
     backend = key.split("/")[1]
     for n, size in enumerate(EDGE_SIZES[backend]):
@@ -116,7 +116,7 @@ def test_forward_edge_inputs(key):
 
 
 @pytest.mark.parametrize("key", _stable_variants("attention_bwd") + _stable_variants("attention_bwd_dv"))
-def test_backward_edge_inputs(key):
+def test_backward_edge_inputs(key, sim_greenlets):  # results only (races: test_registry)
     op_name = key.split("/")[0]
     backend = key.split("/")[1]
     for n, size in enumerate(EDGE_SIZES[backend]):

@@ -37,7 +37,7 @@ def _variants():
 
 
 @pytest.mark.parametrize("key", [v.key for v in _variants()])
-def test_short_lengths_in_a_long_cache(key):
+def test_short_lengths_in_a_long_cache(key, sim_greenlets):  # results only (races: tests/test_registry.py)
     v = kernels_src.get_variant(key)
     ok, why = v.available()
     if not ok:

@@ -15,7 +15,8 @@ from kernels_src.parity import check_variant
 from kernels_src.registry import get_op, variants
 
 pytestmark = [pytest.mark.skipif(device.MODE not in ("gpu", "sim"), reason="needs a GPU or the CUDA simulator"),
-              pytest.mark.slow]
+              pytest.mark.slow,
+              pytest.mark.usefixtures("sim_greenlets")]  # results against float64 (races: tests/test_registry.py)
 
 # (op, size, edge values?): K in words (TF32: values; FP16/BF16: values / 2) is 36 (2 full tiles of 16 and a
 # partial one), 32 (2 full, no partial) and 20 (1 full: the hot loop runs no iteration).
