@@ -111,6 +111,7 @@ def run(kind: str, slugs=None, runs: int | None = None, out: Path | None = None)
                 todo.append((i, slug, s, entry, b))
     for _, slug, s, entry, b in sorted(todo, key=lambda t: t[0]):  # every master first, then the slower tries
         t0 = time.perf_counter()
+        print(f"grading {slug} {s.question} `{s.function}` ({entry}) ...", flush=True)
         v = grade_perf(s, b)
         rows.append({"exercise": slug, "question": s.question, "function": s.function, "kind": s.kind,
                      "entry": entry, "status": v.status, "fraction": v.fraction, "roofline": v.roofline,

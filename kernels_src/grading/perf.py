@@ -408,9 +408,16 @@ def precision_probe(op, inputs, refs, rtol, atol) -> list[str]:
     return told
 
 
+def _say(t0: float, what: str) -> None:
+    """A progress line on stderr (``KERNELS_PERF_PROGRESS=1``): where the time of a grading goes."""
+    if os.environ.get("KERNELS_PERF_PROGRESS"):
+        print(f"  [perf {time.perf_counter() - t0:6.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: str | None = None,
                timeout: float = 120.0) -> PerfVerdict:
     """Grade one speed question of ``bundle`` (the student's notebook). Never raises for the student's code."""
+    t_start = time.perf_counter()
     from .. import device
     from . import checks, exercise_ops, kernelpack, sandbox
 
@@ -442,6 +449,7 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
     if "float16" not in told:
         raise GraderError(f"perf question {spec.question}: inputs of {spec.op} at {size} cannot tell a float16 "
                           "computation from a float32 one at the op's tolerance")
+    _say(t_start, f"{spec.title}: inputs, reference and precision probe ready, size {size}")
     cspec = CheckSpec(spec.kind, spec.function, spec.op, spec.kernels, (size,), args=spec.args, allow=spec.allow,
                       dtype=spec.dtype)
     case = (op.describe_size(size), size, first, refs)
@@ -453,6 +461,7 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
         files = {"decoys.npz": checks._decoy_arrays(job, arrays, decoys)}
     res = sandbox.run(dict(job, mode="plan"), bundle.source, files=files, device_mode="sim", timeout=timeout,
                       memory=memory)
+    _say(t_start, "plan run done")
     lines = checks._sandbox_failure(res)
     if lines is not None:
         return fail(lines)
@@ -476,6 +485,7 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
     if problems:
         return fail(problems)
 
+    _say(t_start, "functions validated")
     # the yardsticks, measured now, on this machine
     sheet = None
     if spec.kind == "gpu":
@@ -503,7 +513,9 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
         w.close()
         raise GraderError(f"perf question {spec.question}: no NumPy baseline for op {spec.op!r}")
     try:
+        _say(t_start, f"yardstick measured ({copy_gbps:.0f} GB/s copy); worker starting")
         tag, _ = w.recv()
+        _say(t_start, "worker ready")
         if tag != b"R":
             return fail([f"the process running your code stopped before it was ready: {w.tail()}"])
         pings = []
@@ -554,6 +566,7 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
             if problems:
                 return fail(problems + ["every timed run's outputs are checked, on new inputs each time: an output "
                                         "that is right only once (reused, cached, or finished later) earns nothing"])
+            _say(t_start, f"run {r + 1} of {total}: {(t1 - t0 - overhead) * 1e6:.1f} us, checked")
             if r >= WARMUP:
                 times.append(max(t1 - t0 - overhead, 1e-9))
             if baseline is not None:
