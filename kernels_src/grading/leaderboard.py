@@ -157,6 +157,9 @@ def render(files) -> str:
         "the machine's own yardstick beside it. Your own run prints your fraction and its yardstick.",
         "",
     ]
+    from .perf import all_specs
+
+    now = {(slug, sp.question): sp for slug, specs in all_specs().items() for sp in specs}
     for f in files:
         d = json.loads(Path(f).read_text())
         rows = [r for r in d["results"]]
@@ -170,6 +173,11 @@ def render(files) -> str:
             size = "x".join(str(n) for n in r["size"])
             frac = _pct(r["fraction"]) if r["status"] == "scored" else r["status"]
             credit = f"{r['score']:g} / {r['points']:g} (full at {_pct(r['full'])}, none at {_pct(r['zero'])})"
+            cur = now.get((r["exercise"], r["question"]))
+            if cur is not None and (cur.full, cur.zero) != (r["full"], r["zero"]):
+                # the question's thresholds changed after this run: say so rather than show a stale verdict alone
+                credit += (f"; thresholds since changed to full at {_pct(cur.full)}, none at {_pct(cur.zero)}, "
+                           f"not re-measured")
             lines.append(f"| {r['exercise']} | {r['question']} `{r['function']}` | {r['entry']} | {size} | "
                          f"{r['ideal']} | {frac} | {_pct(r['roofline'])} | {credit} |")
         lines += ["", f"Data: `book/data/grading/{Path(f).name}`.", ""]
