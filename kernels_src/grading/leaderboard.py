@@ -146,7 +146,7 @@ def render(files) -> str:
         "# Leaderboard: speed questions",
         "",
         "Some exercises have a **speed question** on top of their correctness checks, graded with",
-        "`kernels grade --perf` (see [how speed is graded](how_grading_works.md#how-speed-is-graded)). The score",
+        "`kernels grade --perf` (see \"How speed is graded\" in [how grading works](how_grading_works.md)). The score",
         "is the fraction of the *ideal* a kernel reaches, measured in the same run on the same machine: for a GPU",
         "question, the op's bytes over the copy bandwidth just measured (the roofline of a memory-bound kernel);",
         "for a CPU question, NumPy doing the same op on the same inputs. Full credit at the question's `full`",
