@@ -171,24 +171,18 @@ def _replay_gpu(made, plan, real, plan_arrays, cache) -> None:
     import numpy as np
 
     from .. import device
+    from .worker import host_writes, launch_recorded, scalar_arg, write_flat
 
     cuda = device.cuda
 
-    def host_writes(writes):
-        for w in writes or []:
-            d = real.get((w["role"], w["k"]))
-            idx = plan_arrays.get(w["key"] + "_idx")
-            val = plan_arrays.get(w["key"] + "_val")
-            if d is None or idx is None or val is None:
-                continue
+    def apply_host_writes(writes):  # device arrays: through a host copy
+        for d, idx, val in host_writes(writes, real, plan_arrays):
             h = d.copy_to_host()
-            flat = h.reshape(-1)
-            ok = (idx >= 0) & (idx < flat.size)
-            flat[idx[ok]] = val[ok].astype(flat.dtype, copy=False)
+            write_flat(h.reshape(-1), idx, val)
             d.copy_to_device(h)
 
     for la in plan["launches"]:
-        host_writes(la.get("host_writes"))
+        apply_host_writes(la.get("host_writes"))
         kernel = made.get(la["kernel"])
         if kernel is None or la["module"] != "submission":
             continue
@@ -202,15 +196,9 @@ def _replay_gpu(made, plan, real, plan_arrays, cache) -> None:
                     cache[a["id"]] = cuda.to_device(np.array(plan_arrays[a["key"]], copy=True))
                 args.append(cache[a["id"]])
             elif kind == "scalar":
-                t = a["dtype"]
-                args.append({"int": int, "float": float, "bool": bool}[t](a["value"]) if t in ("int", "float", "bool")
-                            else np.dtype(t).type(a["value"]))
+                args.append(scalar_arg(a))
             else:
                 raise TypeError(f"a kernel argument of kind {kind!r} (a view of an array) is not supported by "
                                 "speed questions: pass whole arrays")
-        grid, block = tuple(la["grid"]), tuple(la["block"])
-        if la.get("dynshared"):
-            kernel[grid, block, 0, la["dynshared"]](*args)
-        else:
-            kernel[grid, block](*args)
-    host_writes(plan.get("end_writes"))
+        launch_recorded(kernel, la, args)
+    apply_host_writes(plan.get("end_writes"))

@@ -661,20 +661,44 @@ def compiled_problems(fn, allow=()) -> list[str]:
     return sorted(set(found))
 
 
-def _apply_host_writes(writes, real, plan_arrays) -> None:
-    import numpy as np
-
+def host_writes(writes, real, plan_arrays):
+    """``(array, idx, val)`` for each host write recorded between launches that lands in one of the grader's
+    arrays (``real``): the plan run's flat indices and the values written there."""
     for w in writes or []:
         d = real.get((w["role"], w["k"]))
-        if d is None:
-            continue
         idx = plan_arrays.get(w["key"] + "_idx")
         val = plan_arrays.get(w["key"] + "_val")
-        if idx is None or val is None:
-            continue
-        flat = d._ary.reshape(-1)
-        ok = (idx >= 0) & (idx < flat.size)
-        flat[idx[ok]] = val[ok].astype(flat.dtype, copy=False)
+        if d is not None and idx is not None and val is not None:
+            yield d, idx, val
+
+
+def write_flat(flat, idx, val) -> None:
+    """Apply one recorded host write to a flat host view, ignoring indices outside it."""
+    ok = (idx >= 0) & (idx < flat.size)
+    flat[idx[ok]] = val[ok].astype(flat.dtype, copy=False)
+
+
+def scalar_arg(a):
+    """A recorded scalar kernel argument, rebuilt with its type (Python int/float/bool or a NumPy scalar)."""
+    import numpy as np
+
+    t = a["dtype"]
+    return {"int": int, "float": float, "bool": bool}[t](a["value"]) if t in ("int", "float", "bool") \
+        else np.dtype(t).type(a["value"])
+
+
+def launch_recorded(kernel, la, args) -> None:
+    """Launch ``kernel`` with the recorded launch ``la``'s grid, block and dynamic shared memory."""
+    grid, block = tuple(la["grid"]), tuple(la["block"])
+    if la.get("dynshared"):
+        kernel[grid, block, 0, la["dynshared"]](*args)
+    else:
+        kernel[grid, block](*args)
+
+
+def _apply_host_writes(writes, real, plan_arrays) -> None:
+    for d, idx, val in host_writes(writes, real, plan_arrays):  # simulator arrays: write their host buffer
+        write_flat(d._ary.reshape(-1), idx, val)
 
 
 def _replay(made, plan, real, plan_arrays, cache) -> list:
@@ -708,16 +732,10 @@ def _replay(made, plan, real, plan_arrays, cache) -> list:
                 cache[("snap", a["id"])] = src
                 args.append(arr)
             elif kind == "scalar":
-                t = a["dtype"]
-                args.append({"int": int, "float": float, "bool": bool}[t](a["value"]) if t in ("int", "float", "bool")
-                            else np.dtype(t).type(a["value"]))
+                args.append(scalar_arg(a))
             else:
                 raise TypeError(f"a kernel argument of type {a.get('type')} cannot be passed to a kernel")
-        grid, block = tuple(la["grid"]), tuple(la["block"])
-        if la.get("dynshared"):
-            kernel[grid, block, 0, la["dynshared"]](*args)
-        else:
-            kernel[grid, block](*args)
+        launch_recorded(kernel, la, args)
     _apply_host_writes(plan.get("end_writes"), real, plan_arrays)
     return []
 
