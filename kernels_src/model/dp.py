@@ -57,16 +57,16 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .gpt import GPT, backend
+from .bench import TRAIN_CONFIGS
 from .reference import Config, init_params
 
 TRAJ_RTOL = 1e-4  # chapter 13's float32-vs-float64 trajectory tolerance (relative), per run
 GRAD_RTOL = 1e-4  # chapter 13's gradient tolerance, relative to the tensor's largest reference entry
 
-CONFIGS = {  # name -> (config, batch per rank, sequence length)
+CONFIGS = {  # name -> (config, batch per rank, sequence length); bench and large are model/bench.py's
     "tiny": (dict(vocab=29, ctx=16, width=32, heads=2, layers=2), 2, 8),
     "small": (dict(vocab=96, ctx=64, width=64, heads=2, layers=2), 4, 32),
-    "bench": (dict(vocab=96, ctx=256, width=512, heads=8, layers=4), 16, 256),  # model/bench.py's H100 config
-    "large": (dict(vocab=96, ctx=1024, width=768, heads=12, layers=12), 4, 1024),  # model/bench.py's LARGE
+    **{name: (dict(cfg), batch, seq) for name, (cfg, batch, seq) in TRAIN_CONFIGS.items()},
 }
 FAULTS = (None, "sum", "skip_last_bucket")  # deliberate bugs, so the tests can show that they catch them
 
