@@ -186,9 +186,9 @@ def build_parser() -> Parser:
     autotune.add_parser(sub)
     asm.add_parser(sub)
     cpuboard.add_parser(sub)
-    from .model import dp
+    from .tools import train_dp
 
-    dp.add_parser(sub)  # train-dp: the capstone data-parallel (chapter 21)
+    train_dp.add_parser(sub)  # train-dp: the capstone data-parallel (chapter 21)
     from .dist import sweep as collectives
 
     collectives.add_parser(sub)  # kernels collectives sweep: all-reduce across GPUs (course ring, one-shot, NCCL)

@@ -133,7 +133,7 @@ def test_gpu_launcher_keeps_multicast_off():
 @pytest.mark.parametrize("argv", [["--ranks", "0"], ["--ranks", "2", "--device", "tpu"],
                                   ["--ranks", "2", "--steps", "-1"], ["--ranks", "2", "--seq", "999"],
                                   ["--ranks", "2", "--json", "/no/such/dir/x.json"],
-                                  ["--ranks", "2", "--bucket-mb", "-1"]])
+                                  ["--ranks", "2", "--bucket-mb", "-1"], ["--ranks", "2", "--config", "huge"]])
 def test_bad_input_is_one_line_and_exit_2(argv, capsys):
     from kernels_src import cli
 
@@ -144,6 +144,17 @@ def test_bad_input_is_one_line_and_exit_2(argv, capsys):
     err = capsys.readouterr().err
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_building_the_command_line_imports_neither_the_model_nor_the_ops():
+    """train-dp's parser sits in tools/, so `kernels --help` (and every other command) does not register every op."""
+    import subprocess
+    import sys
+
+    code = ("import sys, kernels_src.cli as c; c.build_parser(); "
+            "print(sorted(m for m in ('kernels_src.model', 'kernels_src.ops') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
 
 
 def test_summary_speedup_is_n_ranks_over_one():
