@@ -12,7 +12,7 @@ under the course can change in one place:
                                   numba-cuda-mlir``); real GPU only. The simulator and the CPU path stay on
                                   numba-cuda/numba.
 
-Where the course runs (real GPU, simulator, CPU) is chosen first, by :mod:`kernels_src.device`, because numba
+Where the course runs (real GPU, simulator, CPU) is chosen first, by :mod:`kernels_src.target`, because numba
 reads ``NUMBA_ENABLE_CUDASIM`` only when ``numba.cuda`` is first imported. ``numba.cuda`` is either the
 ``numba-cuda`` package or, where that cannot be installed (macOS), numba's own built-in CUDA target, whose
 simulator runs the course's kernels the same way. :data:`NAME` says which.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from .. import device as _device  # chooses gpu / sim / cpu / ptx before numba.cuda is imported
+from .. import target as _target  # gpu / sim / cpu / ptx, chosen before numba.cuda is imported
 
 # ------------------------------------------------------------------------------------------ which compiler
 COMPILERS = ("numba-cuda", "mlir")
@@ -68,9 +68,9 @@ def _numba_cuda_is_package() -> bool:
 
 
 WANTED = _wanted()
-USE_MLIR = WANTED == "mlir" and _device.MODE in ("gpu", "ptx")
+USE_MLIR = WANTED == "mlir" and _target.MODE in ("gpu", "ptx")
 if WANTED == "mlir" and not USE_MLIR:
-    REASON = f"KERNELS_COMPILER=mlir, but GPU kernels run in the {_device.MODE} mode, which stays on numba-cuda"
+    REASON = f"KERNELS_COMPILER=mlir, but GPU kernels run in the {_target.MODE} mode, which stays on numba-cuda"
 else:
     REASON = f"KERNELS_COMPILER={WANTED}" if "KERNELS_COMPILER" in os.environ else "the default"
 
@@ -86,7 +86,7 @@ if USE_MLIR:
         raise ImportError("KERNELS_COMPILER=mlir needs numba-cuda-mlir: pip install numba-cuda-mlir "
                           f"(it was not importable: {e})") from e
     NAME = "numba-cuda-mlir"
-    if _device.MODE == "ptx":  # no GPU: numba-cuda-mlir asks the driver for the host's compute capability
+    if _target.MODE == "ptx":  # no GPU: numba-cuda-mlir asks the driver for the host's compute capability
         import numba_cuda_mlir.tools as _mlir_tools  # type: ignore[import-not-found]
 
         if getattr(_mlir_tools, "_cached_cc", None) is None:
@@ -132,7 +132,7 @@ def fastmath(flags):
 
 # ------------------------------------------------------------------------------------------------ libdevice
 # Correctly rounded float32 multiply and add that the compiler never contracts into an FMA, and a bit cast.
-if _device.SIMULATED:
+if _target.SIMULATED:
     import numpy as _np
 
     def int_as_float(i):

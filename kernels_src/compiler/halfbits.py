@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import device as _device
+from .. import target as _target  # gpu / sim / cpu / ptx, chosen before numba.cuda is imported
 
 NAN_BF16 = 0x7FC0  # the quiet NaN every course kernel writes for a NaN result
 _U16, _U7FFF, _U1 = np.uint32(16), np.uint32(0x7FFF), np.uint32(1)
@@ -45,7 +45,7 @@ _H_NAN = np.uint16(NAN_BF16)
 def _build():
     from . import USE_MLIR, cuda, float16, float32, int32, uint32
 
-    if _device.SIMULATED:
+    if _target.SIMULATED:
         def f32_as_u32(x):
             return np.float32(x).view(np.uint32)
 
@@ -91,7 +91,7 @@ def _build():
     def f32_to_f16(x):
         return float16(x)
 
-    if _device.SIMULATED:
+    if _target.SIMULATED:
         def f16bits_to_f32(u):
             return np.float32(np.uint16(int(u) & 0xFFFF).view(np.float16))
 

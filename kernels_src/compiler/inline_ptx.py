@@ -25,7 +25,7 @@ Where it comes from, per compiler (:mod:`kernels_src.compiler` picks one):
 """
 from __future__ import annotations
 
-from .. import device
+from .. import target as _target  # gpu / sim / cpu / ptx, chosen before numba.cuda is imported
 from . import USE_MLIR as _MLIR  # compiler/__init__.py sets it before it imports this module
 
 
@@ -41,7 +41,7 @@ def dp4a_reference(a, b, c):
     return s - (1 << 32) if s >= (1 << 31) else s
 
 
-if device.SIMULATED:
+if _target.SIMULATED:
     import numpy as _np
 
     def dp4a(a, b, c):
@@ -174,7 +174,7 @@ def mma_reference(a, b, c):
 
 MMA_KINDS = ("tf32", "f16", "bf16")
 
-if device.SIMULATED:
+if _target.SIMULATED:
     import threading as _threading
 
     import numpy as _np

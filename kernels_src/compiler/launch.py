@@ -22,10 +22,10 @@ from __future__ import annotations
 import ctypes
 from contextlib import contextmanager
 
-from .. import device as _device
+from .. import target as _target  # gpu / sim / cpu / ptx, chosen before numba.cuda is imported
 
-AVAILABLE = _device.MODE == "gpu"
-WHY = "" if AVAILABLE else f"needs a real GPU (kernels run in the {_device.MODE} mode)"
+AVAILABLE = _target.MODE == "gpu"
+WHY = "" if AVAILABLE else f"needs a real GPU (kernels run in the {_target.MODE} mode)"
 
 
 class Recorded:

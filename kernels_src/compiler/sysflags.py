@@ -24,10 +24,10 @@ weaker across two.
 """
 from __future__ import annotations
 
-from .. import device
+from .. import target as _target  # gpu / sim / cpu / ptx, chosen before numba.cuda is imported
 from . import USE_MLIR as _MLIR  # compiler/__init__.py sets it before it imports this module
 
-if device.SIMULATED:
+if _target.SIMULATED:
 
     def flag_load(arr, i):
         return arr[i]

@@ -22,10 +22,10 @@ a (row, column) pair there, one integer division more per call).
 """
 from __future__ import annotations
 
-from .. import device
+from .. import target as _target  # gpu / sim / cpu / ptx, chosen before numba.cuda is imported
 from . import USE_MLIR as _MLIR  # compiler/__init__.py sets it before it imports this module
 
-if device.SIMULATED:
+if _target.SIMULATED:
 
     def load4(arr, i):
         flat = arr.reshape(-1) if arr.ndim != 1 else arr
