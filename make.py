@@ -1,23 +1,26 @@
 #!/usr/bin/env python3
-"""The README's commands without `make`: for Windows, or any machine that has Python but no make.
+"""The README's commands without `make`, for a machine that has Python but no make.
 
     python make.py book    build the course site into _build/html (creates .venv and installs the pins first)
     python make.py test    build the book, then run the whole test suite
     python make.py lab     open the chapters and exercises in JupyterLab
     python make.py venv    only create .venv and install the pinned environment
 
-On Windows type ``py make.py book`` (the python.org installer's launcher). The Makefile's ``book``, ``test``
-and ``venv`` targets call this file, so both spellings do the same thing, and CI's ``make test`` runs it.
+The Makefile's ``book``, ``test`` and ``venv`` targets call this file, so both spellings do the same thing,
+and CI's ``make test`` runs it. On Windows the tested path is WSL2 with the Linux commands (README, "Windows:
+WSL2"); ``py make.py book`` natively is untested, and the exercises' checks cannot run there.
 
 It uses only the standard library: it runs before anything is installed. The environment is the ``all`` extra
 of pyproject.toml constrained by requirements.lock, whose platform markers pip applies for the machine it
-runs on (macOS gets no numba-cuda). Two more commands serve CI and maintainers:
+runs on (macOS gets no numba-cuda). These serve CI and maintainers:
 
     python make.py platforms [--download] [PLATFORM ...]
                            print each platform's pinned set (from the lock's markers); with --download,
                            ask PyPI for a wheel of every pin (``pip download --platform``) and fail on a miss
     python make.py venv --platform macos --venv DIR
                            a venv with exactly the macOS set, on this (Linux) machine: what CI tests Macs with
+    python make.py book --venv DIR --out OUT
+                           the same strict book build, its chapters executed by that venv, into OUT/_build/html
 """
 from __future__ import annotations
 
@@ -187,13 +190,39 @@ def _files(dirs, pred) -> list[Path]:
     return [p for d in dirs if (ROOT / d).is_dir() for p in (ROOT / d).rglob("*") if p.is_file() and pred(p)]
 
 
+def book_config(out: Path, config: Path = ROOT / "_config.yml") -> Path:
+    """A copy of _config.yml for a book built into ``out``: its execution cache in ``out`` (a cache shared with
+    the default build would hand this build the other's outputs instead of executing the chapters), and its
+    local extension's path absolute (Jupyter Book resolves it from the config file's folder)."""
+    text = config.read_text()
+    subs = [(r"(?m)^(\s+cache:\s*)_build/\.jupyter_cache\s*$", (out / ".jupyter_cache").as_posix()),
+            (r"(?m)^(\s+kfs_site:\s*)book/_ext(\s*(?:#.*)?)$", (ROOT / "book" / "_ext").as_posix())]
+    for pattern, value in subs:
+        text, n = re.subn(pattern, lambda m: m.group(1) + value + (m.group(2) if m.lastindex > 1 else ""), text)
+        if n != 1:
+            fail(f"book --out: _config.yml has no line matching {pattern!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "_config.yml"
+    path.write_text(text)
+    return path
+
+
 def cmd_book(args) -> int:
-    py = ensure_venv()
-    build = ROOT / "_build"
-    build.mkdir(exist_ok=True)
+    venv = Path(args.venv).resolve() if getattr(args, "venv", None) else None
+    out = Path(args.out).resolve() if getattr(args, "out", None) else None
+    if venv is None:
+        py = ensure_venv()
+    else:
+        # Another environment executes the chapters (CI: the macOS set, from `make.py venv --platform macos`).
+        py = venv_python(venv)
+        if not py.exists():
+            fail(f"book --venv: {venv} has no Python; create it with `python make.py venv --venv {args.venv}`")
+    build = out or ROOT / "_build"
+    build.mkdir(parents=True, exist_ok=True)
     # The execution cache (_build/.jupyter_cache) re-executes a page only when its code cells change. It cannot
     # see changes to the library or to the benchmark data the pages read, so those clear it. Sphinx does not
     # recopy static files (CSS, vendored JS) when no page changed, so those make it re-read the pages.
+    doctrees = (out / "_build" if out else build) / ".doctrees"
     exec_key = _key(_files(["kernels_src", "book/data"], lambda p: p.suffix in (".py", ".json")))
     site_key = _key(_files(["book/_static", "book/_vendor", "book/_ext"], lambda p: p.suffix != ".pyc"))
     exec_file, site_file = build / ".book_exec_key", build / ".book_site_key"
@@ -201,22 +230,26 @@ def cmd_book(args) -> int:
         if (build / ".jupyter_cache").is_dir():
             print("kernels_src/ or book/data/ changed: every page is re-executed")
         shutil.rmtree(build / ".jupyter_cache", ignore_errors=True)
-        shutil.rmtree(build / ".doctrees", ignore_errors=True)
+        shutil.rmtree(doctrees, ignore_errors=True)
         exec_file.write_text(exec_key + "\n")
     if not site_file.exists() or site_file.read_text().strip() != site_key:
-        shutil.rmtree(build / ".doctrees", ignore_errors=True)
+        shutil.rmtree(doctrees, ignore_errors=True)
         site_file.write_text(site_key + "\n")
     env = dict(os.environ, JUPYTER_PREFER_ENV_PATH="1", PYTHONUNBUFFERED="1")
+    where = ["--path-output", "."]
+    if out is not None:
+        where = ["--path-output", str(out), "--config", str(book_config(out))]
     cmd = [py, "-c", "import sys; from jupyter_book.cli.main import main; sys.exit(main())",
-           "build", ".", "--path-output", ".", "-W", "-n", "--keep-going"]
-    print("+ jupyter-book build . --path-output . -W -n --keep-going", flush=True)
+           "build", ".", *where, "-W", "-n", "--keep-going"]
+    print("+ jupyter-book build . " + " ".join(where) + " -W -n --keep-going", flush=True)
     if subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env).returncode != 0:
         # On failure, forget the parsed pages: Sphinx would otherwise not re-read (and re-report) them.
-        shutil.rmtree(build / ".doctrees", ignore_errors=True)
+        shutil.rmtree(doctrees, ignore_errors=True)
         fail("book: the build failed (warnings are errors)")
+    html = Path(os.path.relpath((out or ROOT) / "_build" / "html", ROOT))
     rel = Path(os.path.relpath(py, ROOT))
-    print("\nThe course site is in _build/html. To read it:")
-    print(f"    {rel} -m http.server -d _build/html   # then open http://localhost:8000")
+    print(f"\nThe course site is in {html.as_posix()}. To read it:")
+    print(f"    {rel} -m http.server -d {html.as_posix()}   # then open http://localhost:8000")
     return 0
 
 
@@ -285,10 +318,15 @@ def cmd_lock(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (tests/test_platforms.py parses the README's commands with it)."""
     ap = argparse.ArgumentParser(prog="make.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("book", help="build the course site into _build/html")
+    b = sub.add_parser("book", help="build the course site into _build/html")
+    b.add_argument("--venv", help="execute the chapters with this existing venv's Python (default: .venv, "
+                                  "created when needed); CI: the macOS set's venv")
+    b.add_argument("--out", help="build into OUT/_build/html, with an execution cache of its own in OUT "
+                                 "(default: _build/html)")
     t = sub.add_parser("test", help="build the book, then run the whole test suite")
     t.add_argument("pytest_args", nargs="*", help="passed on to pytest (after --)")
     sub.add_parser("lab", help="open the chapters and exercises in JupyterLab")
@@ -302,7 +340,11 @@ def main(argv=None) -> int:
     p.add_argument("--python-version", action="append", help="default: 3.12 (repeatable)")
     p.add_argument("--download", action="store_true", help="pip download --platform every pin (network)")
     p.add_argument("--list", action="store_true", help="print the pins")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     if args.cmd == "platforms" and not args.python_version:
         args.python_version = ["3.12"]
     return {"book": cmd_book, "test": cmd_test, "lab": cmd_lab, "venv": cmd_venv, "platforms": cmd_platforms,

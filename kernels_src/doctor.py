@@ -22,15 +22,39 @@ NUMBA_CUDA_INSTALLABLE = sys.platform != "darwin"
 INSTALL_HINT = ("reinstall the pinned environment: `python make.py venv` (Windows) or delete .venv and run `make test`"
                 if sys.platform == "win32" else "reinstall the pinned environment: delete .venv and run `make test`")
 
+# Native Windows is not a tested platform (README, "Windows: WSL2"): the exercises' checks run the student's code
+# in a child process that sets POSIX resource limits (the `resource` module) and is handed a pipe by file
+# descriptor (`pass_fds`); Windows has neither, so every `grader.check` fails there.
+WINDOWS_NATIVE = ("native Windows: the exercises' checks cannot run here (the grader's sandbox needs POSIX "
+                  "resource limits and file-descriptor passing)",
+                  "use WSL2 with Ubuntu and the Linux commands (README, section \"Windows: WSL2\")")
 
-def runs_here(gpu: bool, no_ptx: bool) -> str:
-    """One line: what of the course runs on this install."""
-    parts = ["CPU kernels", "GPU kernels on the GPU" if device.MODE == "gpu" else
-             "GPU kernels skipped (KERNELS_DEVICE=cpu)" if device.MODE == "cpu" else "GPU kernels in the CUDA simulator"]
+
+def host() -> str:
+    """The platform as the README's table names it: linux, wsl2 (Linux under Windows), macos, windows."""
+    if sys.platform == "darwin":
+        return "macos"
+    if sys.platform == "win32":
+        return "windows"
+    if sys.platform.startswith("linux") and "microsoft" in platform.release().lower():
+        return "wsl2"
+    return "linux" if sys.platform.startswith("linux") else sys.platform
+
+
+def runs_here(gpu: bool, no_ptx: bool, where: str | None = None, mode: str | None = None) -> str:
+    """One line: what of the course runs on this install. The README's platform table quotes these lines
+    (tests/test_platforms.py checks it does, word for word)."""
+    where, mode = where or host(), mode or device.MODE
+    parts = ["CPU kernels", "GPU kernels on the GPU" if mode == "gpu" else
+             "GPU kernels skipped (KERNELS_DEVICE=cpu)" if mode == "cpu" else "GPU kernels in the CUDA simulator"]
     parts.append("no PTX check" if no_ptx else "the PTX check (sm_90)")
     line = ", ".join(parts)
-    if sys.platform == "darwin":
+    if where == "macos":
         line += " (macOS has no numba-cuda: exercises are checked in the simulator here, and for PTX when graded)"
+    elif where == "wsl2":
+        line += " (Linux under WSL2: as on Linux)"
+    elif where == "windows":
+        line += "; not the exercises' checks (native Windows is untested: use WSL2)"
     return line
 
 
@@ -111,6 +135,8 @@ def doctor() -> int:
             print(f"PTX (sm_90)   FAILED: {str(e).splitlines()[-1] if str(e) else type(e).__name__}")
             problems.append(("cannot compile to PTX", f"{INSTALL_HINT}, so that numba-cuda[cu13] brings NVVM"))
     print(f"runs here     {runs_here(ok, bool(no_ptx))}")
+    if host() == "windows":
+        problems.append(WINDOWS_NATIVE)
     if problems:
         print("\nProblems:")
         for what, fix in problems:

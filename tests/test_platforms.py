@@ -208,3 +208,122 @@ def test_simulated_device_function_of_another_module_keeps_the_fake_cuda(tmp_pat
         with simulator_speedup():
             p37_kern.k[2, 64](out)
         np.testing.assert_array_equal(out, np.tile(np.arange(64), 2))
+
+
+# ------------------------------------------------------------------------------------------ Windows: WSL2
+def _readme_section(start: str, end: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    assert start in text and end in text, (start, end)
+    return text[text.index(start):text.index(end, text.index(start))]
+
+
+def _makefile_targets() -> set[str]:
+    return set(re.findall(r"^([a-z][a-z0-9_-]*):", (ROOT / "Makefile").read_text(), re.M))
+
+
+# Ubuntu releases that `wsl --install -d NAME` installs, and the Python 3 they ship (apt's python3).
+UBUNTU_PYTHON = {"Ubuntu-20.04": (3, 8), "Ubuntu-22.04": (3, 10), "Ubuntu-24.04": (3, 12), "Ubuntu": (3, 12)}
+
+
+def test_readme_windows_steps_name_commands_that_exist():
+    """The README's WSL2 steps: every command they give exists (a Makefile target, a make.py command that
+    make.py's own parser accepts, an importable module of the pinned set), the Ubuntu they install ships a
+    Python the course accepts, and apt installs exactly what the two commands need. So the steps cannot rot
+    when a target or a command is renamed."""
+    mk = _make()
+    steps = _readme_section("#### Windows: WSL2", "**Why WSL2.**")
+    distro = re.findall(r"`wsl --install -d ([\w.-]+)`", steps)
+    assert len(distro) == 1 and distro[0] in UBUNTU_PYTHON, distro
+    assert UBUNTU_PYTHON[distro[0]] >= mk.MIN_PYTHON, f"{distro[0]}'s python3 is older than make.py accepts"
+    # apt: python3-venv (make.py runs `python3 -m venv`, and Ubuntu ships venv's ensurepip separately), make, git
+    apt = re.findall(r"apt-get install -y ([a-z0-9. -]+?)\n", steps)
+    assert len(apt) == 1 and set(apt[0].split()) == {"python3-venv", "make", "git"}, apt
+    assert re.search(r"^PYTHON \?= python3$", (ROOT / "Makefile").read_text(), re.M)
+    makes = re.findall(r"(?:^[ \t]*|`)make ([a-z][a-z0-9_-]*)", steps, re.M)  # a command: a line or a `span`
+    assert {"book", "test", "lab"} <= set(makes), makes
+    assert set(makes) <= _makefile_targets(), set(makes) - _makefile_targets()
+    mods = re.findall(r"\.venv/bin/python -m ([\w.]+)((?: [\w./-]+)*)", steps)
+    assert {m for m, _ in mods} == {"http.server", "playwright"}, mods
+    lock = _names(mk.lock_pins("linux"))
+    for mod, rest in mods:
+        if mod == "playwright":
+            assert "playwright" in lock
+            assert rest.split()[:1] == ["install-deps"] and rest.split()[1:] == ["chromium"], rest
+        else:
+            assert rest.split() == ["-d", "_build/html"], rest  # where `make book` puts the site
+    assert "/mnt/c" in steps and "localhost" in steps
+
+
+def test_readme_make_py_commands_parse():
+    """Every `make.py ...` command in the README (native Windows, CI, maintainers) parses with make.py's parser."""
+    mk = _make()
+    text = (ROOT / "README.md").read_text() + (ROOT / ".ci" / "run").read_text()
+    found = re.findall(r"(?:py|python3?|\$\(PYTHON\)|\S*/bin/python) make\.py ([^`\n)]*)", text)
+    assert len(found) >= 5, found
+    for cmd in found:
+        for alt in cmd.split(" | ") if "|" in cmd else [cmd]:
+            mk.parser().parse_args([a.strip('"') for a in alt.split()])
+
+
+def test_readme_platform_table_quotes_doctor():
+    """The README's "what runs there" column is doctor's `runs here` line, word for word, on each platform."""
+    from kernels_src.doctor import runs_here
+
+    table = _readme_section("### Platforms", "#### Windows: WSL2")
+    rows = {ln.split("|")[1].strip(): ln for ln in table.splitlines() if ln.startswith("| ")}
+    want = {"Linux (x86-64) with an NVIDIA GPU": runs_here(True, False, "linux", "gpu"),
+            "Linux (x86-64), no GPU": runs_here(False, False, "linux", "sim"),
+            "macOS, Apple silicon (arm64)": runs_here(False, True, "macos", "sim"),
+            "Windows 10 or 11 (x86-64)": runs_here(False, False, "wsl2", "sim")}
+    for platform, line in want.items():
+        assert platform in rows, (platform, list(rows))
+        assert f"`{line}`" in rows[platform], (platform, line)
+
+
+def test_doctor_names_the_platform(monkeypatch):
+    from kernels_src import doctor
+
+    for plat, release, want in (("linux", "6.8.0-45-generic", "linux"), ("darwin", "24.1.0", "macos"),
+                                ("linux", "5.15.167.4-microsoft-standard-WSL2", "wsl2"), ("win32", "11", "windows")):
+        monkeypatch.setattr(sys, "platform", plat)
+        monkeypatch.setattr(doctor.platform, "release", lambda r=release: r)
+        assert doctor.host() == want
+
+
+def test_doctor_on_native_windows_points_to_wsl2(monkeypatch):
+    """Native Windows is reported as a problem whose fix is WSL2, and the reason doctor gives is true: the
+    grader's sandbox sets POSIX resource limits and passes a pipe by descriptor, which Windows lacks."""
+    from kernels_src import doctor
+    from kernels_src.grading import sandbox
+
+    monkeypatch.setattr(doctor, "host", lambda: "windows")
+    rc, out = _doctor_output(monkeypatch, builtin=True, darwin=False)
+    assert rc == 1 and "native Windows: the exercises' checks cannot run here" in out, out
+    assert "use WSL2 with Ubuntu" in out and "not the exercises' checks" in out, out
+    src = Path(sandbox.__file__).read_text()
+    assert "import resource" in src and "pass_fds=" in src, "the sandbox became portable: update doctor and README"
+
+
+def test_book_into_another_folder_gets_its_own_cache(tmp_path):
+    """`make.py book --out DIR` (CI's book build in the macOS set): the config differs from _config.yml only
+    in the execution cache, which is DIR's own (a shared one would hand it the other build's outputs), and in
+    the local extension's path, made absolute because Jupyter Book reads it from the config file's folder."""
+    mk = _make()
+    cfg = mk.book_config(tmp_path / "out")
+    old, new = (ROOT / "_config.yml").read_text().splitlines(), cfg.read_text().splitlines()
+    changed = [(a.strip(), b.strip()) for a, b in zip(old, new) if a != b]
+    assert len(old) == len(new) and len(changed) == 2, changed
+    assert changed[0] == ("cache: _build/.jupyter_cache", f"cache: {(tmp_path / 'out' / '.jupyter_cache').as_posix()}")
+    ext = changed[1][1].split(":", 1)[1].split("#")[0].strip()
+    assert Path(ext).is_absolute() and (Path(ext) / "kfs_site.py").exists(), changed[1]
+
+
+def test_ci_builds_the_book_in_the_macos_set():
+    """.ci/run builds the book (strict, chapters executed) with the macOS venv's Python, into its own folder."""
+    mk = _make()
+    ci = (ROOT / ".ci" / "run").read_text()
+    books = [ln.split("make.py", 1)[1].split() for ln in ci.splitlines() if re.search(r"make\.py book\b", ln)]
+    assert len(books) == 1, books
+    args = mk.parser().parse_args([a.strip('"') for a in books[0]])
+    assert args.venv == "$MACVENV" and args.out and args.out.startswith("_build/") and args.out != "_build"
+    assert 'MACVENV=_build/macos-venv' in ci
