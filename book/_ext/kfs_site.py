@@ -7,6 +7,8 @@ removed from every page.
 """
 from __future__ import annotations
 
+import os
+
 
 def _is_thebe(js) -> bool:
     name = str(getattr(js, "filename", js) or "")
@@ -20,5 +22,8 @@ def _strip_thebe(app, pagename, templatename, context, doctree):
 
 
 def setup(app):
+    # The pages' kernels inherit this process's environment: kernels_src.figures.controls then draws each
+    # interactive figure as a still picture with a caption instead of saving widgets that would do nothing.
+    os.environ["KFS_BOOK_BUILD"] = "1"
     app.connect("html-page-context", _strip_thebe, priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -98,8 +98,9 @@ def draw_attention(q, k, v, BC, causal, kv_len, row, tile):
 def attention_widget(S=24, T=24, D=8, BC=6, seed=0):
     """Heat map of P (B = H = 1) with causal and padding toggles, and a step-through of the flash loop
     for one chosen query row: which key tile is loaded, and m, l, o after it."""
-    import ipywidgets as W
     import matplotlib.pyplot as plt
+
+    from .controls import interact
 
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((1, 1, S, D)) * 1.5
@@ -110,10 +111,12 @@ def attention_widget(S=24, T=24, D=8, BC=6, seed=0):
         draw_attention(q, k, v, BC, causal, kv_len, row, tile)
         plt.show()
 
-    return W.interact(show, causal=W.Checkbox(value=True, description="causal"),
-                      kv_len=W.IntSlider(value=T, min=0, max=T, description="kv_len"),
-                      row=W.IntSlider(value=S - 1, min=0, max=S - 1, description="query row"),
-                      tile=W.IntSlider(value=0, min=0, max=math.ceil(T / BC) - 1, description="tile"))
+    return interact(show, lambda W: dict(
+        causal=W.Checkbox(value=True, description="causal"),
+        kv_len=W.IntSlider(value=T, min=0, max=T, description="kv_len"),
+        row=W.IntSlider(value=S - 1, min=0, max=S - 1, description="query row"),
+        tile=W.IntSlider(value=0, min=0, max=math.ceil(T / BC) - 1, description="tile")),
+        action="toggle the mask and move the sliders", labels={"row": "query row"})
 
 
 # ------------------------------------------------------------------------- the ladder table

@@ -110,18 +110,21 @@ def stats_markdown(st: dict, M: int, N: int, K: int) -> str:
 
 def explorer(M=1024, N=1024, K=1024):
     """The tile-size explorer: sliders for BM, BN, BK, TM, TN; a table of what they imply and a picture."""
-    import ipywidgets as widgets
     import matplotlib.pyplot as plt
     from IPython.display import Markdown, display
 
-    pow2 = lambda lo, hi: [2 ** i for i in range(lo, hi + 1)]  # noqa: E731
-    w = dict(BM=widgets.SelectionSlider(options=pow2(4, 8), value=128, description="BM"),
-             BN=widgets.SelectionSlider(options=pow2(4, 8), value=128, description="BN"),
-             BK=widgets.SelectionSlider(options=pow2(2, 6), value=8, description="BK"),
-             TM=widgets.SelectionSlider(options=pow2(0, 4), value=8, description="TM"),
-             TN=widgets.SelectionSlider(options=pow2(0, 4), value=8, description="TN"))
+    from .controls import interact
 
-    def update(BM, BN, BK, TM, TN):
+    pow2 = lambda lo, hi: [2 ** i for i in range(lo, hi + 1)]  # noqa: E731
+
+    def controls(W):
+        return dict(BM=W.SelectionSlider(options=pow2(4, 8), value=128, description="BM"),
+                    BN=W.SelectionSlider(options=pow2(4, 8), value=128, description="BN"),
+                    BK=W.SelectionSlider(options=pow2(2, 6), value=8, description="BK"),
+                    TM=W.SelectionSlider(options=pow2(0, 4), value=8, description="TM"),
+                    TN=W.SelectionSlider(options=pow2(0, 4), value=8, description="TN"))
+
+    def update(BM=128, BN=128, BK=8, TM=8, TN=8):
         if TM > BM or TN > BN:
             print("TM must be <= BM and TN <= BN")
             return
@@ -131,7 +134,7 @@ def explorer(M=1024, N=1024, K=1024):
         plt.tight_layout()
         plt.show()
 
-    return widgets.interactive(update, **w)
+    return interact(update, controls, action="move the sliders")
 
 
 # ----------------------------------------------------------------------------------- tables

@@ -84,8 +84,9 @@ def plot_byte_layout(ax=None):
 def histogram_widget(seed=0):
     """A histogram of one row of weights with the quantization grid of its first block drawn over it;
     sliders for the block size and the outlier magnitude."""
-    import ipywidgets as widgets
     import matplotlib.pyplot as plt
+
+    from .controls import interact
 
     rng = np.random.default_rng(seed)
     base = rng.standard_normal(4096) * 0.02
@@ -112,9 +113,10 @@ def histogram_widget(seed=0):
         ax.set_xlabel("weight value")
         plt.show()
 
-    return widgets.interact(draw, block=widgets.SelectionSlider(options=[32, 64, 128, 256, 1024, 4096], value=32),
-                            outlier=widgets.FloatLogSlider(value=20, base=10, min=0, max=2.5, step=0.1),
-                            bits=widgets.IntSlider(value=8, min=3, max=8))
+    return interact(draw, lambda W: dict(
+        block=W.SelectionSlider(options=[32, 64, 128, 256, 1024, 4096], value=32, description="block"),
+        outlier=W.FloatLogSlider(value=20.0, base=10, min=0, max=2.5, step=0.1, description="outlier"),
+        bits=W.IntSlider(value=8, min=3, max=8, description="bits")), action="move the sliders")
 
 
 def gemv_relative_error(fmt, K=1024, N=256, seed=0):

@@ -99,20 +99,21 @@ def plot_state(x, y, w, b, lr, steps=25, axes=None):
 
 def explorer(x, y):
     """The interactive: sliders for w, b and the learning rate redraw both panels."""
-    import ipywidgets as widgets
     import matplotlib.pyplot as plt
 
-    def draw(w, b, lr, steps):
+    from .controls import interact
+
+    def draw(w=-0.5, b=1.5, lr=0.1, steps=25):
         plot_state(x, y, w, b, lr, steps)
         plt.tight_layout()
         plt.show()
 
-    return widgets.interact(
-        draw,
-        w=widgets.FloatSlider(value=-0.5, min=W_RANGE[0], max=W_RANGE[1], step=0.1, description="w"),
-        b=widgets.FloatSlider(value=1.5, min=B_RANGE[0], max=B_RANGE[1], step=0.1, description="b"),
-        lr=widgets.FloatLogSlider(value=0.1, base=10, min=-3, max=0, step=0.1, description="learning rate"),
-        steps=widgets.IntSlider(value=25, min=1, max=200, description="steps"))
+    return interact(draw, lambda W: dict(
+        w=W.FloatSlider(value=-0.5, min=W_RANGE[0], max=W_RANGE[1], step=0.1, description="w"),
+        b=W.FloatSlider(value=1.5, min=B_RANGE[0], max=B_RANGE[1], step=0.1, description="b"),
+        lr=W.FloatLogSlider(value=0.1, base=10, min=-3, max=0, step=0.1, description="learning rate"),
+        steps=W.IntSlider(value=25, min=1, max=200, description="steps")),
+        action="move the sliders", labels={"lr": "learning rate"})
 
 
 def transfer_plot(res, ax=None):

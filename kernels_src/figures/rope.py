@@ -134,16 +134,18 @@ def plot_rotation(position=5, pairs=(0, 8, 16, 32, 63), rotary_dim=128, base=100
 
 def rotation_widget():
     """A slider over the position: the rotated pairs, and <R_m q, R_n k> for a fixed q, k as m moves."""
-    import ipywidgets as w
     import matplotlib.pyplot as plt
 
-    def draw(position):
+    from .controls import interact
+
+    def draw(position=5):
         fig, axes = plt.subplots(1, 2, figsize=(9, 4))
         plot_rotation(position, ax=axes[0])
         plot_relative_scores(m=position, ax=axes[1])
         plt.show()
 
-    return w.interact(draw, position=w.IntSlider(value=5, min=0, max=200, step=1, description="position"))
+    return interact(draw, lambda W: dict(position=W.IntSlider(value=5, min=0, max=200, step=1, description="position")),
+                    action="move the slider")
 
 
 def relative_scores(m, n_max=200, d=64, seed=0):
