@@ -30,6 +30,7 @@ Ladder (each rung changes one thing)
   gpu/mma_wide     rung 4    rung 3 without the integer work in its hot loop: flat shared arrays at per-thread
                              base + constant, fragments read 16 bytes at a time (k reordered inside a tile),
                              64 x 64 warp tiles (4 warps, 2 blocks per SM), an unguarded loop for inner blocks
+  gpu/mma_wide256  rung 5    rung 4 with 128 x 256 block tiles (8 warps, one block per SM)
 
 Rounding: A and B are rounded to TF32 (``to_tf32``, nearest, ties away) once, when they are stored to shared
 memory; FP16/BF16 inputs are already in their format. Tolerances: :func:`tc_tol`.
@@ -824,6 +825,9 @@ def _sig(fmt, n):
     return f"void(float32[:, ::1], {t}, {t}" + (", int64)" if n == 4 else ")")
 
 
+WIDE256 = dict(BN=256, minblocks=1)  # rung 5: 128 x 256 blocks of 8 warps, one block per SM
+
+
 def _register_gpu(fmt):
     op = OPS[fmt]
 
@@ -862,6 +866,15 @@ def _register_gpu(fmt):
         rung 3, at least the chapter's goals (50 % of cuBLAS in TF32, 35 % in FP16/BF16), short of cuBLAS
         for want of cp.async (the next tile still goes through registers) and of wgmma."""
     register(op, "gpu", "mma_wide", rung=4, ptx=[(make_wide_kernel(fmt), _sig(fmt, 4))])(r4)
+
+    def r5(C, A, B):
+        launch_wide(fmt, C, A, B, **WIDE256)
+
+    r5.__doc__ = """Rung 4 with 128 x 256 block tiles (8 warps of 64 x 64, one block per SM): each value of A staged in
+        shared memory now serves 256 columns instead of 128, halving A's global and shared traffic per mma, and
+        8 warps instead of 2 x 4 share one barrier per tile. Predicted: 10-20 % over rung 4 if the loads were the
+        limit, nothing if the mma issue rate is (the ncu profile of rung 4 says which)."""
+    register(op, "gpu", "mma_wide256", rung=5, ptx=[(make_wide_kernel(fmt, **WIDE256), _sig(fmt, 4))])(r5)
 
 
 for _f in KINDS:
