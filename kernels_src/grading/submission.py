@@ -39,9 +39,18 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import VERDICTS_ENV, collect_plan
-from .bundle import Bundle, from_notebook, read_notebook
-from .checks import CheckSpec, Verdict, batch_key, run_checks
+# jsonschema (under nbformat and otter) imports the optional rfc3987_syntax when it is installed, and that package
+# builds 39 lark grammars while it loads: about 1.4 CPU seconds in every process that imports otter or nbformat
+# (this grader, otter's run, and the notebook's kernel, which runs `import otter`). Nothing here validates an IRI
+# (the notebook schema has no "format" at all), so jsonschema is told the package is absent. See SKIP_IMPORTS.
+SLOW_OPTIONAL_MODULES = ("rfc3987_syntax",)
+SKIP_IMPORTS = "import sys\nfor _m in %r:\n    sys.modules.setdefault(_m, None)\n" % (SLOW_OPTIONAL_MODULES,)
+for _m in SLOW_OPTIONAL_MODULES:
+    sys.modules.setdefault(_m, None)
+
+from . import VERDICTS_ENV, collect_plan  # noqa: E402
+from .bundle import Bundle, from_notebook, read_notebook  # noqa: E402
+from .checks import CheckSpec, Verdict, batch_key, run_checks  # noqa: E402
 
 # Seconds for otter to run the notebook. Unset: it follows the checks' time limit (see notebook_timeout).
 NOTEBOOK_TIMEOUT = float(os.environ["KERNELS_NOTEBOOK_TIMEOUT"]) if os.environ.get("KERNELS_NOTEBOOK_TIMEOUT") else None
@@ -402,12 +411,15 @@ def _run_otter(nb, ag: Autograder, verdicts: dict, pending: _Pending | None = No
         from . import sandbox
 
         runtime = sandbox.runtime_dir()
+        site = tmp / "site"  # its sitecustomize spares the notebook's kernel the slow optional imports
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(SKIP_IMPORTS)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNELS_GRADING_SEED", "KERNELS_BENCH"))}
         # the notebook's kernel imports kernels_src from the runtime copy: no references, helpers or data there
         hard = 20 * max([sp.timeout or sandbox.DEFAULT_TIMEOUT for sp in ag.specs] or [sandbox.DEFAULT_TIMEOUT])
         env.update({VERDICTS_ENV: str(vfile), "KERNELS_VERDICTS_WAIT": str(hard), "KERNELS_DEVICE": "sim",
                     "PYTHONUNBUFFERED": "1",
-                    "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": runtime, "HOME": str(tmp),
+                    "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(site) + os.pathsep + runtime, "HOME": str(tmp),
                     "JUPYTER_RUNTIME_DIR": str(tmp / ".jupyter-runtime"), "IPYTHONDIR": str(tmp / ".ipython"),
                     "MPLCONFIGDIR": str(tmp / ".mpl"), "NUMBA_CACHE_DIR": str(tmp / ".numba"), "TMPDIR": str(tmp)})
         real = str(Path(__file__).resolve().parents[2])
