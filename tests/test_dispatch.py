@@ -9,6 +9,7 @@ import pytest
 from kernels_src import device
 from kernels_src.model.gpt import GPT, backend
 from kernels_src.model.reference import Config, ReferenceGPT, init_params
+from kernels_src.model import explain as X
 from kernels_src.runtime import dispatch as D
 
 MM = {"gemm": ("M", "N", "K")}
@@ -122,14 +123,14 @@ def test_decisions_are_cached_per_shape():
 
 def test_explain_lists_every_call_of_a_step():
     cfg = Config(vocab=29, ctx=16, width=32, heads=2, layers=2)
-    rows = D.explain("train", cfg, dev="gpu", table={}, batch=2)
+    rows = X.explain("train", cfg, dev="gpu", table={}, batch=2)
     roles = {r["role"] for r in rows}
     assert {"gemm", "gemm_nt", "gemm_tn", "attention", "attention_bwd", "adamw"} <= roles
     # 2 layers: 4 forward products each, 1 head; backward: wproj/wfc/wo/wqkv dX and dW, head dW + dxf
     assert sum(r["calls"] for r in rows if r["role"] in D.MATMUL_ROLES) == 2 * 4 + 1 + 2 * 8 + 2
-    dec = D.explain("decode", cfg, dev="gpu", table={})
+    dec = X.explain("decode", cfg, dev="gpu", table={})
     assert {r["variant"] for r in dec if r["role"] == "gemm"} == {"gemv/gpu/splitk_grid"}
-    text = D.explain_text(dec)
+    text = X.explain_text(dec)
     assert "gemv_wx/gpu/warp_per_row_vec4" in text
 
 

@@ -25,9 +25,7 @@ from . import data
 from .gpt import GPT, backend
 from .reference import Config, ReferenceGPT, init_params
 
-BENCH = dict(vocab=data.VOCAB, ctx=256, width=512, heads=8, layers=4)
-BATCH = 16
-POS = 128
+from .configs import BATCH, BENCH, LARGE, POS, TRAIN_CONFIGS  # noqa: F401  (the measured sizes)
 
 
 def median_time(fn, reps=10, warm=2) -> float:
@@ -238,9 +236,6 @@ def training(cfg, steps=300, seconds=30.0):
 
 
 # ------------------------------------------------------------------------------ decode through the runtime
-LARGE = dict(vocab=data.VOCAB, ctx=1024, width=768, heads=12, layers=12)
-
-
 def decode_compare(cfg, pos, reps=50, compile_torch=True) -> dict:
     """Batch-1 decode tokens/s at position pos: the course model (fp32, Q8_0, Q4_0) launched eagerly, as a
     launch plan and as a CUDA graph (kernels_src.runtime), against torch eager, torch.compile and torch
@@ -306,9 +301,6 @@ def decode_main(path, configs=("bench", "large"), reps=50, compile_torch=True):
 
 
 # ------------------------------------------------------------------------------ training through the dispatcher
-TRAIN_CONFIGS = {"bench": (BENCH, BATCH, 256), "large": (LARGE, 4, 1024)}  # (config, batch, T)
-
-
 def train_compare(cfg, B, T, reps=10, compile_torch=True, out=None, save=lambda: None) -> dict:
     """Training tokens/s (forward, backward, AdamW; fp32, TF32 off) of the course model, every call dispatched
     by shape (kernels_src.runtime.dispatch, with this GPU's table), against the same model in torch eager and
@@ -316,7 +308,7 @@ def train_compare(cfg, B, T, reps=10, compile_torch=True, out=None, save=lambda:
     and the dispatcher's decision for every call of the step."""
     import torch
 
-    from ..runtime.dispatch import explain
+    from .explain import explain
 
     params = init_params(cfg, 0)
     rng = np.random.default_rng(0)

@@ -57,13 +57,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .gpt import GPT, backend
-from .bench import TRAIN_CONFIGS
+from .configs import TRAIN_CONFIGS
 from .reference import Config, init_params
 
 TRAJ_RTOL = 1e-4  # chapter 13's float32-vs-float64 trajectory tolerance (relative), per run
 GRAD_RTOL = 1e-4  # chapter 13's gradient tolerance, relative to the tensor's largest reference entry
 
-CONFIGS = {  # name -> (config, batch per rank, sequence length); bench and large are model/bench.py's
+CONFIGS = {  # name -> (config, batch per rank, sequence length); bench and large are model/configs.py's
     "tiny": (dict(vocab=29, ctx=16, width=32, heads=2, layers=2), 2, 8),
     "small": (dict(vocab=96, ctx=64, width=64, heads=2, layers=2), 4, 32),
     **{name: (dict(cfg), batch, seq) for name, (cfg, batch, seq) in TRAIN_CONFIGS.items()},

@@ -45,7 +45,7 @@ class Backend:
     """Where arrays live and which kernel plays each role. The kernel is not fixed per role: every call goes
     to the dispatcher (kernels_src.runtime.dispatch), which picks the variant for its shape, dtype and device
     and caches that per (role, shapes). ``profile`` collects seconds per role; ``log`` (a list, when set)
-    records each call's Decision; ``dry=True`` records without running anything (``dispatch.explain``).
+    records each call's Decision; ``dry=True`` records without running anything (``model.explain``).
 
     ``table``: the dispatcher's autotune table (a dict or path; None: the device's committed one, or the
     defaults); ``overrides``: {role: "op/backend/variant"} forced whatever the shape."""

@@ -31,7 +31,9 @@ rule can serve raises :class:`UnsupportedCall`, naming the role, the shape and w
     d = Dispatcher("gpu")            # the H100's table if this is an H100, else the defaults
     dec = d.pick("gemm", Y, X, W)    # Decision(role, variant, rule, why, entry, shape)
     d("gemm", Y, X, W)               # pick (cached) and run
-    explain("train", cfg)            # every call of one training step of the capstone, as rows
+
+Listing every call of one capstone step with its decision (``kernels dispatch --explain``) drives the model, so
+it lives above it, in :mod:`kernels_src.model.explain`: the runtime never imports the model.
 """
 from __future__ import annotations
 
@@ -86,13 +88,13 @@ class Decision:
     fn: Callable | None = field(default=None, repr=False)
 
     def row(self) -> dict:
-        return {"role": self.role, "shape": _shape_text(self.shape), "variant": self.variant, "rule": self.rule,
+        return {"role": self.role, "shape": shape_text(self.shape), "variant": self.variant, "rule": self.rule,
                 "why": self.why, "kernels": list(self.kernels),
                 "entry": None if self.entry is None else {k: self.entry[k] for k in ("shape", "best", "us")
                                                           if k in self.entry}}
 
 
-def _shape_text(shape: dict) -> str:
+def shape_text(shape: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items())
 
 
@@ -308,7 +310,7 @@ class Dispatcher:
         if dev not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, not {dev!r}")
         self.dev = dev
-        self.check = check  # check that a picked variant runs here (off for explain on another machine)
+        self.check = check  # check that a picked variant runs here (off for model.explain on another machine)
         if table is None:
             path = default_table_path(dev)
             table = load_table(path) if path else None
@@ -381,7 +383,7 @@ class Dispatcher:
                 continue
             return self._make(role, key, rule.name, rule.why, shape)
         raise UnsupportedCall(
-            f"no variant for role {role!r} at {_shape_text(shape) or 'this shape'} ({dtype}) on device "
+            f"no variant for role {role!r} at {shape_text(shape) or 'this shape'} ({dtype}) on device "
             f"{self.dev!r}; tried: " + "; ".join(tried or ["nothing applies on this device"]))
 
     def _runs(self, key, dtype):
@@ -470,54 +472,3 @@ def device_of(kind: str) -> str:
     if kind == "cpu":
         return "cpu"
     return "sim" if device.SIMULATED else "gpu"
-
-
-# ------------------------------------------------------------------------------------------ explain
-def explain(step: str = "train", cfg=None, dev: str = "gpu", table=None, batch: int | None = None,
-            seq: int | None = None, pos: int = 128) -> list[dict]:
-    """Every distinct call of one training step (``step='train'``) or one decode step (``'decode'``) of the
-    capstone model, in the order the model makes them: role, shape, calls per step, the variant picked, the
-    rule and why (and the table entry when one decided). Nothing runs: the model drives a recording backend
-    whose arrays are never computed, with the dispatcher that ``dev`` and ``table`` give (the device's
-    committed table by default, as on that device)."""
-    from ..model import bench
-    from ..model.gpt import GPT, Backend
-    from ..model.reference import Config, param_shapes
-
-    cfg = cfg or Config(**bench.BENCH)
-    if table is None and dev == "gpu":
-        table = TABLES / "nvidia-h100-80gb-hbm3.json"
-        table = table if table.exists() else {}
-    disp = Dispatcher(dev, table=table, check=False)
-    be = Backend("cpu", dispatcher=disp, dry=True)
-    params = {n: np.zeros(s, np.float32) for n, s in param_shapes(cfg).items()}
-    model = GPT(cfg, params, be)
-    be.log = []
-    if step == "train":
-        B, T = batch or bench.BATCH, seq or cfg.ctx
-        ids = np.zeros((B, T), np.int64)
-        model.forward(ids, ids)
-        model.backward()
-        model.adamw(1e-4)
-    elif step == "decode":
-        cache = model.new_cache(batch or 1)
-        model.decode_step([0] * (batch or 1), pos, cache)
-    else:
-        raise ValueError(f"step must be 'train' or 'decode', not {step!r}")
-    rows, index = [], {}
-    for d in be.log:
-        k = (d.role, _shape_text(d.shape), d.variant)
-        if k in index:
-            rows[index[k]]["calls"] += 1
-            continue
-        index[k] = len(rows)
-        rows.append({**d.row(), "calls": 1})
-    return rows
-
-
-def explain_text(rows: list[dict]) -> str:
-    cols = ["role", "shape", "calls", "variant", "rule", "why"]
-    data = [[str(r[c]) if c != "why" else r[c][:70] for c in cols] for r in rows]
-    w = [max(len(x) for x in col) for col in zip(cols, *data)]
-    fmt = "  ".join("{:<%d}" % n for n in w)
-    return "\n".join([fmt.format(*cols), fmt.format(*("-" * n for n in w))] + [fmt.format(*r) for r in data])

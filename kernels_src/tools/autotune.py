@@ -40,14 +40,15 @@ LARGE_BATCH = 4
 
 def model_shapes(configs=None) -> list[tuple[str, tuple]]:
     """(role, (M, N, K)) of every product in one training step and one decode step of each config."""
-    from ..model import bench
+    from ..model.configs import BATCH, BENCH
+    from ..model.explain import explain
     from ..model.reference import Config
 
-    configs = configs or [(Config(**bench.BENCH), bench.BATCH), (Config(**LARGE), LARGE_BATCH)]
+    configs = configs or [(Config(**BENCH), BATCH), (Config(**LARGE), LARGE_BATCH)]
     out = []
     for cfg, batch in configs:
         for step in ("train", "decode"):
-            for r in D.explain(step, cfg, dev="gpu", table={}, batch=batch if step == "train" else 1):
+            for r in explain(step, cfg, dev="gpu", table={}, batch=batch if step == "train" else 1):
                 if r["role"] in D.MATMUL_ROLES:
                     s = dict(x.split("=") for x in r["shape"].split())
                     key = (r["role"], (int(s["M"]), int(s["N"]), int(s["K"])))
@@ -266,19 +267,20 @@ def parse_config(text: str | None):
 
 
 def cmd_dispatch(args) -> int:
+    from ..model.explain import explain, explain_text
     from ..usage import input_path, output_file
 
     cfg = parse_config(args.config)
     table = input_path(args.table, "--table", "file")
     out = output_file(args.json)
     try:
-        rows = D.explain(args.explain, cfg, dev=args.device, table=table, batch=args.batch)
+        rows = explain(args.explain, cfg, dev=args.device, table=table, batch=args.batch)
     except D.DispatchError as e:
         print(f"kernels dispatch: error: {e}", file=sys.stderr)
         return 2
     if out:
         out.write_text(json.dumps(rows, indent=1) + "\n")
-    print(D.explain_text(rows))
+    print(explain_text(rows))
     return 0
 
 
