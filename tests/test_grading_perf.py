@@ -359,3 +359,125 @@ def test_gpu_timer_patch_changes_nothing():
     src = "import time\ntime.perf_counter = lambda: 0.0\n" + GPU_HONEST
     v = grade(src, GEMV)
     assert v.status == "scored" and v.seconds >= v.details["floor_s"], v.feedback
+
+
+# ------------------------------------------------------------- the GPU path through the simulator (runs in CI)
+AXPY_GPU = perf.PerfSpec(question="q2", function="axpy_gpu", kind="gpu", op="axpy", size=(8,), gpu_size=(300,),
+                         kernels=("axpy_kernel",), full=0.7, zero=0.2, args=("out", "a", "x", "y"), runs=2)
+AXPY_GPU_SRC = """import numpy as np
+from kernels_src.device import ceil_div, cuda
+
+
+@cuda.jit
+def axpy_kernel(out, a, x, y, n):
+    i = cuda.grid(1)
+    if i < n:
+        out[i] = a * x[i] + y[i]
+
+
+def axpy_gpu(out, a, x, y):
+    n = x.size  # a scalar argument from the shapes: the same in every run
+    axpy_kernel[ceil_div(n, 128), 128](out, {a}, x, y, n)
+"""
+
+
+@pytest.fixture
+def sim_gpu(monkeypatch):
+    """The GPU path of the harness run by the simulator, with stand-in yardsticks."""
+    monkeypatch.setenv("KERNELS_PERF_WORKER_DEVICE", "sim")
+    monkeypatch.setattr(perf, "measure_copy", lambda: {"copy_gbps": 0.001, "copy_what": "stand-in (simulator)"})
+    monkeypatch.setattr(perf, "_l2_bytes", lambda: 1024)
+
+
+def test_gpu_replay_passes_each_runs_fresh_scalar(sim_gpu):
+    # axpy's `a` is drawn afresh for every timed run: the plan records that the kernel's second argument *is*
+    # input `a`, and the replay passes each run's value (with the plan run's `a`, run 2 onwards would be wrong)
+    v = grade(AXPY_GPU_SRC.format(a="a"), AXPY_GPU, device_mode="gpu")
+    assert v.status == "scored", v.feedback
+    assert v.runs == AXPY_GPU.runs and v.fraction > 0
+
+
+def test_gpu_scalar_computed_from_an_input_is_refused(sim_gpu):
+    # the kernel gets a number the host computed from `a`: the replay could not recompute it for fresh inputs
+    src = AXPY_GPU_SRC.format(a="a * 2.0").replace("out[i] = a * x[i]", "out[i] = (a * 0.5) * x[i]")
+    v = grade(src, AXPY_GPU, device_mode="gpu")
+    assert v.status == "fail" and v.score == 0 and "computed on the host" in v.feedback, v.feedback
+
+
+def test_gpu_stale_scalar_fails_a_fresh_run(sim_gpu, monkeypatch):
+    # the stop-gap this replaced: the plan run's scalar passed again. With fresh `a` every run it must fail,
+    # which is what the fresh scalar above is checked against (the test can fail)
+    monkeypatch.setattr(perf, "scalar_sources", lambda pair, decoys: [
+        y.update(value=x["value"]) for la0, la1 in zip(pair[0]["launches"], pair[1]["launches"])
+        for x, y in zip(la0["args"], la1["args"]) if x["kind"] == "scalar"])
+    v = grade(AXPY_GPU_SRC.format(a="a"), AXPY_GPU, device_mode="gpu")
+    assert v.status == "fail" and "run 2 of 4" in v.feedback and "elements wrong" in v.feedback, v.feedback
+
+
+GEMM_GPU = perf.PerfSpec(question="q3", function="gemm_gpu", kind="gpu", op="gemm", size=(8, 8, 8),
+                         gpu_size=(9, 7, 5), kernels=("gemm_kernel",), full=0.5, zero=0.1, args=("C", "A", "B"),
+                         runs=1, ideal="cublas")
+GEMM_GPU_SRC = """import numpy as np
+from numba import float32
+from kernels_src.device import ceil_div, cuda
+
+
+@cuda.jit
+def gemm_kernel(C, A, B):
+    i, j = cuda.grid(2)
+    if i < C.shape[0] and j < C.shape[1]:
+        acc = float32(0.0)
+        for k in range(A.shape[1]):
+            acc += A[i, k] * B[k, j]
+        C[i, j] = acc
+
+
+def gemm_gpu(C, A, B):
+    gemm_kernel[(ceil_div(C.shape[0], 8), ceil_div(C.shape[1], 8)), (8, 8)](C, A, B)
+"""
+
+
+def test_compute_bound_question_is_scored_against_cublas(sim_gpu, monkeypatch):
+    monkeypatch.setattr(perf, "have_torch", lambda: True)
+    monkeypatch.setattr(perf, "measure_cublas", lambda size: {"seconds": 1e-3, "what": "stand-in cuBLAS"})
+    v = grade(GEMM_GPU_SRC, GEMM_GPU, device_mode="gpu")
+    assert v.status == "scored", v.feedback
+    assert v.baseline_seconds == 1e-3 and v.fraction == pytest.approx(1e-3 / v.seconds)
+    assert v.score == pytest.approx(round(perf.credit(v.fraction, GEMM_GPU.zero, GEMM_GPU.full), 4))
+    assert "cuBLAS" in v.feedback and "stand-in cuBLAS" == v.yardstick
+
+
+def test_compute_bound_question_without_torch_says_so_in_one_line(monkeypatch):
+    monkeypatch.setattr(perf, "have_torch", lambda: False)
+    v = grade(GEMM_GPU_SRC, GEMM_GPU, device_mode="gpu")
+    assert v.status == "skipped" and v.score == 0 and "PyTorch is not installed" in v.feedback
+    assert len(v.feedback.splitlines()) == 1
+
+
+def test_cublas_ideal_only_for_a_gpu_gemm():
+    with pytest.raises(Exception, match="cublas"):
+        perf.PerfSpec.from_dict({"question": "q", "function": "f", "kind": "gpu", "op": "axpy", "size": [8],
+                                 "full": 0.5, "zero": 0.1, "ideal": "cublas"})
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_fresh_scalar_every_run_on_the_device():
+    # axpy on the GPU with `a` (and the arrays) fresh in every timed run: the replay passes each run's `a`
+    spec = dataclasses.replace(AXPY_GPU, gpu_size=(1 << 22,), runs=3)
+    v = grade(AXPY_GPU_SRC.format(a="a"), spec)
+    assert v.status == "scored", v.feedback
+    assert 0 < v.fraction <= 1 / 0.8 and v.seconds >= v.details["floor_s"], v.feedback
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_gemm_scored_against_cublas():
+    if not perf.have_torch():
+        pytest.skip("torch is not installed: no cuBLAS yardstick")
+    spec = dataclasses.replace(GEMM_GPU, gpu_size=(1024, 1024, 1024), runs=3)
+    v = grade(GEMM_GPU_SRC, spec)
+    assert v.status == "scored", v.feedback
+    # a naive kernel: slower than cuBLAS, and its fraction is cuBLAS's time over its own, both from this run
+    assert 0 < v.fraction < 1 and v.fraction == pytest.approx(v.baseline_seconds / v.seconds), v.feedback
+    assert v.seconds >= v.details["floor_s"], v.feedback

@@ -6,19 +6,24 @@ The grader (:mod:`.perf`) owns the clock, the inputs, the references and the sta
 1. rebuilds the graded function from its ``def`` text (:func:`kernelpack.build`: no other statement of the
    notebook runs here, so nothing the notebook did while loading, such as patching ``time`` or starting a
    thread, exists in this process), then says ``R`` (ready) on its control pipe;
-2. for each run: reads a frame of inputs and poisoned outputs from stdin, copies them into *fresh* arrays
-   (after a pad of a size the grader chose, so no two runs see the same addresses), flushes the caches
+2. receives, once it is ready, a shared-memory region from the grader (a ``memfd`` passed over a Unix socket:
+   it did not exist while this process started, and nothing but the grader's arrays is ever in it);
+3. for each run: reads a small header from stdin (where the run's fresh inputs and poisoned outputs lie in the
+   region, the scalar inputs' values, a pad), copies them into *fresh* arrays (after a pad of the size the grader
+   chose, so no two runs see the same addresses; a GPU answer: fresh device arrays), flushes the caches
    (a sweep of a buffer larger than the last-level cache on a CPU, of twice the L2 on a GPU), says ``A``
    (armed), waits for ``G`` (go), calls the function (a GPU answer: the recorded launches, replayed), waits
    for the device to finish everything it was given (``cuda.synchronize()``: every stream of the context),
-   says ``D`` (done), then sends the outputs back for the grader to check.
+   says ``D`` (done), then copies the outputs into the region and says ``O`` for the grader to check them.
+
+The student's function only ever sees the fresh copies, never the region; and the grader writes the next run's
+inputs into the region only after this run's ``D`` and ``O``, when nothing of the student's runs any more.
 
 The grader starts its clock when it writes ``G`` and stops it when it reads ``D``; the student's compiled code
 cannot write to either pipe, so it can neither see nor move the clock.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import struct
@@ -48,6 +53,32 @@ def _send(fd: int, tag: bytes, data: bytes = b"") -> None:
     while view:
         k = os.write(fd, view)
         view = view[k:]
+
+
+def _receive_region(sock_fd: int):
+    """The grader's shared-memory region (a memfd, passed over the socket once this process said ready), mapped."""
+    import mmap
+    import socket
+
+    sock = socket.socket(fileno=sock_fd)
+    try:
+        msg, fds, _, _ = socket.recv_fds(sock, 16, 1)
+    finally:
+        sock.close()
+    if msg != b"M" or not fds:
+        return None
+    try:
+        return mmap.mmap(fds[0], os.fstat(fds[0]).st_size)
+    finally:
+        os.close(fds[0])
+
+
+def _view(region, lay):
+    """An array in the shared region: ``lay`` is [offset, shape, dtype]."""
+    import numpy as np
+
+    off, shape, dt = lay
+    return np.ndarray(tuple(shape), np.dtype(dt), buffer=region, offset=int(off))
 
 
 def perf_job(job, where, result) -> None:
@@ -81,6 +112,7 @@ def perf_job(job, where, result) -> None:
         flush_cpu = np.zeros(int(job.get("flush_bytes", 64 << 20)) // 8)
     stdin = sys.stdin.buffer
     _send(ctl, b"R")
+    region = _receive_region(int(job["shm_sock"]))
     checked = False
     cache: dict = {}
     alive: list = []  # the previous run's arrays stay allocated while the next ones are made: fresh addresses
@@ -92,27 +124,37 @@ def perf_job(job, where, result) -> None:
         if tag == b"P":  # a ping: the cost of the round trip, which the grader subtracts
             _send(ctl, b"D")
             continue
-        if tag != b"I":
+        if tag != b"I" or region is None:
             break
-        hlen = struct.unpack("<Q", data[:8])[0]
-        head = json.loads(data[8:8 + hlen])
-        with np.load(io.BytesIO(data[8 + hlen:]), allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+        head = json.loads(data)
         del data
         pad = np.empty(int(head["pad"]), dtype=np.uint8)  # moves every allocation that follows
+        shared_in = [None if sc is not None else _view(region, lay) for lay, sc in zip(head["inputs"], head["scalars"])]
+        shared_out = [_view(region, lay) for lay in head["outputs"]]
+        scalars = [None if sc is None else np.dtype(sc["dtype"]).type(sc["value"]) for sc in head["scalars"]]
         ins, outs = [], []
-        for i, k in enumerate(head["inputs"]):
-            a = arrays[k]
-            if head["scalar"][i]:
-                ins.append(a[()])
-            else:
-                fresh = np.empty_like(a)
-                fresh[...] = a
-                ins.append(fresh)
-        for k in head["outputs"]:
-            fresh = np.empty_like(arrays[k])
-            fresh[...] = arrays[k]  # the poison, sent by the grader
-            outs.append(fresh)
+        if gpu:
+            d_pad = cuda.device_array(int(head["pad"]) + 1, dtype=np.uint8)
+            d_in = [cuda.to_device(a) if a is not None else sc for a, sc in zip(shared_in, scalars)]
+            d_out = [cuda.to_device(o) for o in shared_out]  # the poison, written by the grader
+            real = {("out", k): d for k, d in enumerate(d_out)}
+            real.update({("in", k): d for k, d in enumerate(d_in) if hasattr(d, "copy_to_host")})
+            real.update({("scalar", k): sc for k, sc in enumerate(scalars) if sc is not None})
+            _sweep[device.ceil_div(flush_buf.size, 256), 256](flush_buf, np.float32(-1.0 - n), flush_out)
+            cuda.synchronize()
+            alive = [d_pad, d_in, d_out]
+        else:
+            for a, sc in zip(shared_in, scalars):
+                if a is None:
+                    ins.append(sc)
+                else:
+                    fresh = np.empty_like(a)
+                    fresh[...] = a
+                    ins.append(fresh)
+            for o in shared_out:
+                fresh = np.empty_like(o)
+                fresh[...] = o  # the poison, written by the grader
+                outs.append(fresh)
         err = None
         if backend == "cpu" and not checked:
             try:
@@ -128,16 +170,7 @@ def perf_job(job, where, result) -> None:
         if err is not None:
             _send(ctl, b"E", json.dumps(err).encode())
             break
-        if gpu:
-            d_pad = cuda.device_array(int(head["pad"]) + 1, dtype=np.uint8)
-            d_in = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in ins]
-            d_out = [cuda.to_device(o) for o in outs]
-            real = {("out", k): d for k, d in enumerate(d_out)}
-            real.update({("in", k): d for k, d in enumerate(d_in) if hasattr(d, "copy_to_host")})
-            _sweep[device.ceil_div(flush_buf.size, 256), 256](flush_buf, np.float32(-1.0 - n), flush_out)
-            cuda.synchronize()
-            alive = [d_pad, d_in, d_out]
-        else:
+        if not gpu:
             flush_cpu += 1.0  # evicts the inputs that were just written from every cache level
             alive = [pad, ins, outs]
         n += 1
@@ -157,10 +190,13 @@ def perf_job(job, where, result) -> None:
             info = _exc_info(e, where)
             _send(ctl, b"E", json.dumps(info).encode())
             break
-        got = [d.copy_to_host() for d in d_out] if gpu else outs
-        buf = io.BytesIO()
-        np.savez(buf, **{f"out{k}": np.asarray(g) for k, g in enumerate(got)})
-        _send(ctl, b"O", buf.getvalue())
+        for k, dst in enumerate(shared_out):
+            if gpu:
+                d_out[k].copy_to_host(dst)
+            else:
+                dst[...] = outs[k]
+        del shared_in, shared_out
+        _send(ctl, b"O")
     del alive
     result["runs"] = n
 
@@ -195,6 +231,8 @@ def _replay_gpu(made, plan, real, plan_arrays, cache) -> None:
                 if a["id"] not in cache:
                     cache[a["id"]] = cuda.to_device(np.array(plan_arrays[a["key"]], copy=True))
                 args.append(cache[a["id"]])
+            elif kind == "scalar" and a.get("input") is not None:  # an input's value: this run's fresh one
+                args.append(scalar_arg(dict(a, value=real[("scalar", a["input"])].item())))
             elif kind == "scalar":
                 args.append(scalar_arg(a))
             else:
