@@ -75,22 +75,27 @@ def draw_attention(q, k, v, BC, causal, kv_len, row, tile):
     steps = flash_trace(q[0, 0, i], k[0, 0], v[0, 0], BC, lim)
     n = min(tile, len(steps) - 1) + 1
     st = steps[n - 1]
-    fig, ax = plt.subplots(1, 3, figsize=(12, 3.6), gridspec_kw={"width_ratios": [1.1, 1, 1]})
+    # 9.5 in: the page shows it at about 0.8 of its size; legends below the panels, never over a point
+    fig, ax = plt.subplots(1, 3, figsize=(9.5, 4.4), gridspec_kw={"width_ratios": [1.1, 1, 1]})
     ax[0].imshow(p, cmap="viridis", vmin=0, vmax=max(float(p.max()), 1e-9), aspect="auto")
     ax[0].add_patch(plt.Rectangle((st["j0"] - 0.5, i - 0.5), BC, 1, fill=False, ec="red", lw=2))
     for j0 in range(BC, T, BC):
         ax[0].axvline(j0 - 0.5, color="w", lw=0.5)
-    ax[0].set(title="P = softmax(scores); red: the tile just loaded", xlabel="key j", ylabel="query i")
+    ax[0].set(xlabel="key j", ylabel="query i")
+    ax[0].set_title("P = softmax(scores);\nred: the tile just loaded", fontsize=10)
     ms = [x["m"] for x in steps[:n]]
     ls = [x["l"] for x in steps[:n]]
     ax[1].plot(range(n), ms, "o-", label="running max m")
     ax[1].plot(range(n), ls, "s-", label="running sum l (relative to m)")
-    ax[1].set(xlim=(-0.5, len(steps) - 0.5), xlabel="tile", title="row statistics after each tile")
-    ax[1].legend(fontsize=8)
+    ax[1].set(xlim=(-0.5, len(steps) - 0.5), xlabel="tile")
+    ax[1].set_title("row statistics\nafter each tile", fontsize=10)
+    below = dict(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
+    ax[1].legend(**below)
     ax[2].bar(np.arange(D) - 0.2, st["out"], width=0.4, label="o / l after this tile")
     ax[2].bar(np.arange(D) + 0.2, o_ref[0, 0, i], width=0.4, label="final O (reference)")
-    ax[2].set(xlabel="d", title=f"row {i}: output after tile {n - 1}")
-    ax[2].legend(fontsize=8)
+    ax[2].set(xlabel="d")
+    ax[2].set_title(f"row {i}:\noutput after tile {n - 1}", fontsize=10)
+    ax[2].legend(**below)
     fig.tight_layout()
     return fig
 

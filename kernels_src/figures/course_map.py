@@ -39,17 +39,24 @@ def chapters() -> list[dict]:
     return out
 
 
-def draw(ax=None, max_kernels: int = 5):
-    """The path, one box per chapter, coloured by part, two rows snaking left to right then right to left."""
+def draw(ax=None, max_kernels: int = 4, per_row: int = 4):
+    """The path, one box per chapter, coloured by part, in rows of ``per_row`` that snake left to right,
+    then right to left. Drawn at the page's width (7.4 in at 100 dpi = 740 px, so the site shows it at its
+    natural size): every label is at least 8 pt, 11 px on the page."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     chs = chapters()
-    per_row = (len(chs) + 1) // 2
-    ax = ax or plt.subplots(figsize=(15, 6.2))[1]
+    rows = max(1, -(-len(chs) // per_row))
     parts = list(dict.fromkeys(c["part"] for c in chs))
-    colors = dict(zip(parts, plt.get_cmap("Pastel1").colors))
-    w, h, gap_x, gap_y = 2.1, 2.1, 0.45, 0.9
+    # one unit = one inch: boxes 1.6 x 1.25, gaps for the arrows
+    w, h, gap_x, gap_y = 1.6, 1.3, 0.3, 0.36
+    legend_h = 0.19 * -(-len(parts) // 2) + 0.1
+    width = per_row * w + (per_row - 1) * gap_x
+    if ax is None:
+        fig = plt.figure(figsize=(width + 0.2, rows * (h + gap_y) + legend_h + 0.4))
+        ax = fig.add_axes((0, 0, 1, 1))
+    colors = dict(zip(parts, plt.get_cmap("Pastel1").colors + plt.get_cmap("Pastel2").colors))
     centres = []
     for i, c in enumerate(chs):
         row, col = divmod(i, per_row)
@@ -57,33 +64,45 @@ def draw(ax=None, max_kernels: int = 5):
             col = per_row - 1 - col
         x, y = col * (w + gap_x), -row * (h + gap_y)
         centres.append((x + w / 2, y + h / 2, row))
-        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.04", fc=colors[c["part"]], ec="0.3"))
-        ax.text(x + 0.08, y + h - 0.12, f"{c['number']}", fontsize=13, weight="bold", va="top")
-        title = c["title"] if len(c["title"]) < 30 else c["title"][:28].rsplit(" ", 1)[0] + " …"
-        words, line, lines = title.split(), "", []
-        for word in words:  # wrap at ~18 characters
-            if len(line) + len(word) > 18 and line:
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=colors[c["part"]], ec="0.3"))
+        ax.text(x + 0.07, y + h - 0.07, f"{c['number']}", fontsize=11, weight="bold", va="top")
+        lines, line = [], ""
+        for word in c["title"].split():  # wrap at ~18 characters of 8.5 pt in the box
+            if len(line) + len(word) + 1 > 18 and line:
                 lines.append(line)
                 line = word
             else:
                 line = f"{line} {word}".strip()
         lines.append(line)
-        ax.text(x + (0.4 if c["number"] < 10 else 0.6), y + h - 0.12, "\n".join(lines[:2]), fontsize=8.5, va="top")
-        ks = c["kernels"][:max_kernels] + (["…"] if len(c["kernels"]) > max_kernels else [])
-        ax.text(x + 0.1, y + 0.1, "\n".join(ks), fontsize=7, family="monospace", va="bottom", color="0.25")
+        if len(lines) > 3:
+            lines = lines[:3]
+            lines[2] = lines[2][:17] + "…"
+        ax.text(x + (0.3 if c["number"] < 10 else 0.4), y + h - 0.08, "\n".join(lines), fontsize=8.5,
+                va="top", linespacing=1.1)
+        ks = c["kernels"][:max_kernels] + ([f"+{len(c['kernels']) - max_kernels} more"]
+                                           if len(c["kernels"]) > max_kernels else [])
+        ks = [k if len(k) <= 19 else k[:18] + "…" for k in ks]
+        ax.text(x + 0.07, y + 0.06, "\n".join(ks), fontsize=8, family="monospace", va="bottom", color="0.2",
+                linespacing=1.05)
     for (x0, y0, r0), (x1, y1, r1) in zip(centres, centres[1:]):
         if r0 == r1:
-            start, end = (x0 + w / 2 * (1 if x1 > x0 else -1), y0), (x1 - w / 2 * (1 if x1 > x0 else -1), y1)
+            sign = 1 if x1 > x0 else -1
+            start, end = (x0 + sign * w / 2, y0), (x1 - sign * w / 2, y1)
         else:
             start, end = (x0, y0 - h / 2), (x1, y1 + h / 2)
-        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14, color="0.35", lw=1.2))
+        ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color="0.35", lw=1.2,
+                                     shrinkA=1, shrinkB=1))
     for p in parts:
-        ax.plot([], [], "s", ms=12, color=colors[p], label=p)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(parts), frameon=False, fontsize=9)
-    ax.set_xlim(-0.3, per_row * (w + gap_x))
-    ax.set_ylim(-(h + gap_y) - 0.3, h + 0.3)
+        ax.plot([], [], "s", ms=10, color=colors[p], label=p)
+    bottom = -(rows - 1) * (h + gap_y) - gap_y
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=ax.transData, ncol=2,
+              frameon=False, fontsize=8.5, handletextpad=0.3, columnspacing=1.0, borderaxespad=0)
+    ax.set_xlim(-0.1, width + 0.1)
+    ax.set_ylim(bottom - legend_h, h + 0.4)
     ax.set_aspect("equal")
     ax.axis("off")
-    ax.set_title("The course as one path: each box is a chapter, with the kernels (registered ops) it builds",
-                 fontsize=11)
+    ax.text(width / 2, h + 0.3, "The course as one path: each box is a chapter, with the kernels it builds",
+            ha="center", va="top", fontsize=10)
+    # the legend hangs below the last row: put its anchor there
+    ax.get_legend().set_bbox_to_anchor((width / 2, bottom), transform=ax.transData)
     return ax

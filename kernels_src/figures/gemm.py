@@ -59,7 +59,8 @@ def draw_tiles(BM=128, BN=128, BK=8, TM=8, TN=8, M=1024, N=1024, K=1024, k_step=
     from matplotlib.patches import Rectangle
 
     if axes is None:
-        fig, axes = plt.subplots(1, 3, figsize=(12, 4), gridspec_kw={"width_ratios": [K, N, N]})
+        # 9 in: shown on the page at about 0.85 of its size, labels at 8-9 pt stay at 9 px or more
+        fig, axes = plt.subplots(1, 3, figsize=(9, 3.9), gridspec_kw={"width_ratios": [K, N, N]})
     axA, axB, axC = axes
     bi, bj = min(1, -(-M // BM) - 1), min(2, -(-N // BN) - 1)  # the block we follow
     k0 = min(k_step * BK, max(K - BK, 0))
@@ -70,7 +71,7 @@ def draw_tiles(BM=128, BN=128, BK=8, TM=8, TN=8, M=1024, N=1024, K=1024, k_step=
         ax.set_ylim(h * 1.02, -h * 0.02)
         ax.set_aspect("equal")
         ax.set_title(title, fontsize=10)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=8)
 
     frame(axA, K, M, f"A ({M}x{K})")
     axA.add_patch(Rectangle((0, bi * BM), K, BM, color="tab:blue", alpha=0.25, lw=0))
@@ -78,7 +79,7 @@ def draw_tiles(BM=128, BN=128, BK=8, TM=8, TN=8, M=1024, N=1024, K=1024, k_step=
     frame(axB, N, K, f"B ({K}x{N})")
     axB.add_patch(Rectangle((bj * BN, 0), BN, K, color="tab:orange", alpha=0.25, lw=0))
     axB.add_patch(Rectangle((bj * BN, k0), BN, BK, color="tab:orange", alpha=0.9, lw=0))
-    frame(axC, N, M, f"C ({M}x{N}): block ({bi},{bj}) and one thread")
+    frame(axC, N, M, f"C ({M}x{N}): block ({bi},{bj})\nand one thread")
     for x in range(0, N + 1, BN):
         axC.axvline(x, color="0.85", lw=0.5)
     for y in range(0, M + 1, BM):
@@ -86,10 +87,10 @@ def draw_tiles(BM=128, BN=128, BK=8, TM=8, TN=8, M=1024, N=1024, K=1024, k_step=
     axC.add_patch(Rectangle((bj * BN, bi * BM), BN, BM, color="tab:green", alpha=0.35, lw=0))
     axC.add_patch(Rectangle((bj * BN + 2 * TN, bi * BM + TM), TN, TM, color="tab:red", lw=0))
     st = tile_stats(BM, BN, BK, TM, TN, M, N, K)
-    axA.set_xlabel(f"dark: the BK={BK} slice in shared memory at step {k_step}", fontsize=8)
-    axB.set_xlabel(f"each B element is used by {BM} rows of the block", fontsize=8)
-    axC.set_xlabel(f"{st['blocks']} blocks of {st['threads']} threads; red: one thread's {TM}x{TN} tile",
-                   fontsize=8)
+    axA.set_xlabel(f"dark: the BK={BK} slice in\nshared memory at step {k_step}", fontsize=9)
+    axB.set_xlabel(f"each B element is used\nby {BM} rows of the block", fontsize=9)
+    axC.set_xlabel(f"{st['blocks']} blocks of {st['threads']} threads;\nred: one thread's {TM}x{TN} tile",
+                   fontsize=9)
     return axes
 
 

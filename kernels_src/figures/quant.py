@@ -54,29 +54,35 @@ def plot_snr_vs_block(w, ax=None):
 
 
 def plot_byte_layout(ax=None):
-    """The two blocks, byte by byte: the fp16 scale, then the quants (Q4_0: two nibbles per byte)."""
+    """The two blocks, byte by byte, at the same width per byte: the fp16 scale d (2 bytes), then the quants.
+    Q8_0: one int8 per byte. Q4_0: two 4-bit quants per byte, drawn as the byte's two halves (low nibble
+    below, high nibble above). Drawn at the page's width, so its labels are shown at 11 px or more."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    fig, ax = plt.subplots(figsize=(11, 2.8)) if ax is None else (ax.figure, ax)
-    for row, (name, nq, y) in enumerate([("Q8_0: 34 bytes", 32, 1.6), ("Q4_0: 18 bytes", 16, 0.2)]):
-        ax.text(-0.3, y + 0.35, name, ha="right", va="center", fontsize=10)
-        for i in range(2):
-            ax.add_patch(Rectangle((i, y), 1, 0.7, fc="#f4b183", ec="k"))
-        ax.text(1, y + 0.35, "d (fp16)", ha="center", va="center", fontsize=8)
+    fig, ax = plt.subplots(figsize=(7.4, 2.9)) if ax is None else (ax.figure, ax)
+    u = 1.0  # one byte
+    for name, nq, y in [("Q8_0: 34 bytes = d (fp16) + 32 int8 quants q0 ... q31", 32, 2.3),
+                        ("Q4_0: 18 bytes = d (fp16) + 16 bytes of two 4-bit quants each", 16, 0.35)]:
+        ax.text(0, y + 1.12, name, ha="left", va="bottom", fontsize=9)
+        ax.add_patch(Rectangle((0, y), 2 * u, 1, fc="#f4b183", ec="k"))
+        ax.text(u, y + 0.5, "d", ha="center", va="center", fontsize=9, style="italic")
         for j in range(nq):
-            if name.startswith("Q8"):
-                ax.add_patch(Rectangle((2 + j, y), 1, 0.7, fc="#9dc3e6", ec="k"))
-                ax.text(2.5 + j, y + 0.35, f"q{j}", ha="center", va="center", fontsize=6)
+            x = 2 * u + j * u
+            if nq == 32:
+                ax.add_patch(Rectangle((x, y), u, 1, fc="#9dc3e6", ec="k", lw=0.8))
+                ax.text(x + u / 2, y + 0.5, f"{j}", ha="center", va="center", fontsize=8)
             else:
-                ax.add_patch(Rectangle((2 + 2 * j, y), 1, 0.7, fc="#a9d18e", ec="k"))
-                ax.add_patch(Rectangle((3 + 2 * j, y), 1, 0.7, fc="#c5e0b4", ec="k"))
-                ax.text(2.5 + 2 * j, y + 0.35, f"{j}", ha="center", va="center", fontsize=6)
-                ax.text(3.5 + 2 * j, y + 0.35, f"{j + 16}", ha="center", va="center", fontsize=6)
-    ax.text(2, -0.35, "Q4_0 byte j (drawn as two halves): low nibble = element j, high nibble = element j+16; "
-            "value = (nibble - 8) * d.   Q8_0: value = q * d, q an int8.", fontsize=8)
-    ax.set_xlim(-4.5, 35)
-    ax.set_ylim(-0.6, 2.5)
+                ax.add_patch(Rectangle((x, y), u, 0.5, fc="#a9d18e", ec="k", lw=0.8))
+                ax.add_patch(Rectangle((x, y + 0.5), u, 0.5, fc="#c5e0b4", ec="k", lw=0.8))
+                ax.text(x + u / 2, y + 0.25, f"{j}", ha="center", va="center", fontsize=8)
+                ax.text(x + u / 2, y + 0.75, f"{j + 16}", ha="center", va="center", fontsize=8)
+    ax.text(18.6, 0.6, "byte j: low nibble = element j (below),\nhigh nibble = element j+16 (above)",
+            ha="left", va="center", fontsize=8.5)
+    ax.text(0, -0.25, "Q8_0: value = q * d, q an int8.    Q4_0: value = (nibble - 8) * d.", ha="left", va="top",
+            fontsize=9)
+    ax.set_xlim(-0.1, 34.1)
+    ax.set_ylim(-0.8, 3.8)
     ax.axis("off")
     return ax
 

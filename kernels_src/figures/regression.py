@@ -66,15 +66,16 @@ def plot_state(x, y, w, b, lr, steps=25, axes=None):
     and the line y = w*x + b, plus where the path ends."""
     import matplotlib.pyplot as plt
 
-    if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    own = axes is None  # a figure of its own (the explorer): legends below the panels, sized for the page
+    if own:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 4.6))
     ax0, ax1 = axes
     ws = np.linspace(*W_RANGE, 121)
     bs = np.linspace(*B_RANGE, 101)
     gw, gb = np.meshgrid(ws, bs)
     L = mse(gw, gb, x.astype(np.float64), y.astype(np.float64))
     cs = ax0.contour(gw, gb, L, levels=np.geomspace(max(L.min(), 1e-3), L.max(), 14), cmap="viridis", linewidths=1)
-    ax0.clabel(cs, fontsize=7, fmt="%.2g")
+    ax0.clabel(cs, fontsize=8, fmt="%.2g")
     path = descend(x, y, w, b, lr, steps)
     ax0.plot(path[:, 0], path[:, 1], "o-", color="C3", ms=3, lw=1, label=f"{len(path) - 1} steps, lr = {lr:g}")
     ax0.plot(*closed_form(x, y), "k*", ms=10, label="least-squares optimum")
@@ -82,8 +83,10 @@ def plot_state(x, y, w, b, lr, steps=25, axes=None):
     ax0.set_ylim(*B_RANGE)
     ax0.set_xlabel("w")
     ax0.set_ylabel("b")
-    ax0.set_title(f"loss surface; start L = {mse(w, b, x, y):.3g}, end L = {mse(*path[-1], x, y):.3g}")
-    ax0.legend(fontsize=8, loc="upper left")
+    ax0.set_title(f"loss surface; start L = {mse(w, b, x, y):.3g},\nend L = {mse(*path[-1], x, y):.3g}",
+                  fontsize=10)
+    below = dict(loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False) if own else dict(loc="upper left")
+    ax0.legend(fontsize=8, **below)
     ax1.scatter(x, y, s=6, alpha=0.5, color="C0", label="data")
     xs = np.array([x.min(), x.max()])
     ax1.plot(xs, w * xs + b, "--", color="C3", lw=1, label=f"start: y = {w:.2f} x + {b:.2f}")
@@ -92,8 +95,9 @@ def plot_state(x, y, w, b, lr, steps=25, axes=None):
     ax1.set_xlabel("x")
     ax1.set_ylabel("y")
     ax1.set_ylim(y.min() - 1, y.max() + 1)
-    ax1.legend(fontsize=8, loc="upper left")
-    ax1.set_title("the data and the line")
+    ax1.locator_params(axis="x", nbins=5)
+    ax1.legend(fontsize=8, **below)
+    ax1.set_title("the data and the line", fontsize=10)
     return axes
 
 
