@@ -481,3 +481,66 @@ def test_gpu_gemm_scored_against_cublas():
     # a naive kernel: slower than cuBLAS, and its fraction is cuBLAS's time over its own, both from this run
     assert 0 < v.fraction < 1 and v.fraction == pytest.approx(v.baseline_seconds / v.seconds), v.feedback
     assert v.seconds >= v.details["floor_s"], v.feedback
+
+
+# ------------------------------------------------------------------------------ the Gradescope path
+def _gradescope_root(tmp_path, monkeypatch, slug="ch05_gemm"):
+    from types import SimpleNamespace
+
+    from kernels_src.grading import corpus, submission
+
+    (tmp_path / "submission").mkdir()
+    (tmp_path / "source").mkdir()
+    corpus.write_ipynb(corpus.solution_submission(slug), tmp_path / "submission" / "s.ipynb")
+    monkeypatch.setattr(submission, "load_autograder", lambda path: SimpleNamespace(slug=slug))
+    return tmp_path
+
+
+def test_gradescope_without_a_gpu_says_so_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(device, "MODE", "sim")
+    root = _gradescope_root(tmp_path, monkeypatch)
+    results = {"score": 3.0, "output": "checks done", "tests": [{"name": "q1", "score": 3.0, "max_score": 3.0}]}
+    perf.gradescope_speed(results, root)
+    added = results["output"].split("checks done", 1)[1].strip()
+    assert added == perf.NO_GPU_GRADESCOPE_LINE and len(added.splitlines()) == 1
+    assert results["score"] == 3.0 and len(results["tests"]) == 1 and "leaderboard" not in results
+    json.dumps(results)
+
+
+def _stand_in_verdict(spec, b, **kw):
+    return perf.PerfVerdict(spec.question, spec.title, "scored", score=0.5 * spec.points, points=spec.points,
+                            fraction=0.3, feedback=f"{spec.title}: 30% of the ideal (stand-in)")
+
+
+def test_gradescope_with_a_gpu_writes_speed_and_leaderboard(tmp_path, monkeypatch):
+    monkeypatch.setattr(device, "MODE", "gpu")
+    monkeypatch.setattr(perf, "grade_perf", _stand_in_verdict)
+    root = _gradescope_root(tmp_path, monkeypatch)
+    results = {"score": 3.0, "output": "checks done", "tests": [], "extra_data": {"possible": 10}}
+    perf.gradescope_speed(results, root)
+    specs = perf.all_specs()["ch05_gemm"]
+    speed = [t for t in results["tests"] if t["name"].endswith(" speed")]
+    assert len(speed) == len(specs) and all(t["max_score"] == s.points and t["score"] == 0.5 * s.points
+                                            for t, s in zip(speed, specs)), results
+    assert results["score"] == pytest.approx(3.0 + sum(0.5 * s.points for s in specs))
+    assert results["extra_data"]["speed"] == pytest.approx(sum(0.5 * s.points for s in specs))
+    board = results["leaderboard"]  # Gradescope's optional leaderboard field: name, value, order
+    assert [e["value"] for e in board] == [30.0] * len(specs) and all(e["order"] == "desc" for e in board)
+    assert all(set(e) == {"name", "value", "order"} for e in board)
+    json.dumps(results)
+
+
+def test_run_autograder_adds_the_speed_part(tmp_path, monkeypatch):
+    # gradescope_main (run_autograder's entry) writes results.json with the speed part added
+    from types import SimpleNamespace
+
+    from kernels_src.grading import submission
+
+    monkeypatch.setattr(device, "MODE", "sim")
+    root = _gradescope_root(tmp_path, monkeypatch)
+    rec = SimpleNamespace(results={"score": 1.0, "output": "checks done", "tests": []}, score=1.0, possible=10,
+                          seconds=0.1)
+    monkeypatch.setattr(submission, "grade_submission", lambda *a, **k: rec)
+    assert submission.gradescope_main(str(root)) == 0
+    out = json.loads((root / "results" / "results.json").read_text())
+    assert out["output"].endswith(perf.NO_GPU_GRADESCOPE_LINE) and out["score"] == 1.0, out
