@@ -195,7 +195,7 @@ def roofline(results, ax=None, title: str | None = None, size=None, annotate: bo
     x = np.logspace(np.log10(ai.min() / 2), np.log10(ai.max() * 2), 200)
     if bw:
         roof = bw * x if not comp else np.minimum(bw * x, comp)
-        ax.plot(x, roof, "k-", lw=1.5, label=f"roof: {bw:.0f} GB/s copy" + (f", {comp:,.0f} GFLOP/s" if comp else ""))
+        ax.plot(x, roof, "k-", lw=1.5, label=f"roof: {bw:,.0f} GB/s copy" + (f", {comp:,.0f} GFLOP/s" if comp else ""))
         if comp:
             ax.axvline(comp / bw, color="k", ls=":", lw=0.8)
             ax.annotate(f"ridge {comp / bw:.1f} FLOP/B", (comp / bw, comp), xytext=(4, -14),
@@ -204,20 +204,23 @@ def roofline(results, ax=None, title: str | None = None, size=None, annotate: bo
     if sheet and show_datasheet:
         dbw, dcomp = sheet["hbm_gbps"], sheet["fp32_tflops"] * 1e3
         ax.plot(x, np.minimum(dbw * x, dcomp), color="0.6", ls="--", lw=1,
-                label=f"datasheet (not measured): {dbw:,} GB/s, {sheet['fp32_tflops']} TFLOP/s FP32")
+                label=f"datasheet (not measured): {dbw:,} GB/s, {sheet['fp32_tflops']} TFLOP/s")
     tc = peaks.get("tensor_core_roofs") or {}
     for key, name, style in (("tf32_gflops", "TF32", "-."), ("bf16_gflops", "BF16", ":")):
         if tc.get(key) and bw:
             ax.plot(x, np.minimum(bw * x, tc[key]), color="tab:purple", ls=style, lw=1,
-                    label=f"{name} tensor cores, measured (cuBLAS): {tc[key] / 1e3:,.0f} TFLOP/s, "
-                          f"ridge {tc[key] / bw:.0f} FLOP/B: not what FP32 CUDA-core kernels can reach")
+                    label=f"{name} tensor cores, measured: {tc[key] / 1e3:,.0f} TFLOP/s (not for FP32 cores)")
     for a, g, label, base in pts:
         ax.loglog(a, g, "s" if base else "o", ms=7, mfc="none" if base else None, label=label)
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(title or f"Roofline on {device_label(results[0])}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    # Below the axes, never over the points (a legend inside hid a rung's point), at 8 pt: two columns when
+    # the labels are short enough for the page's width.
+    labels = ax.get_legend_handles_labels()[1]
+    ncol = 2 if max(map(len, labels), default=0) <= 60 else 1
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, frameon=False)
     return ax
 
 
