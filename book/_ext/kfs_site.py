@@ -26,4 +26,5 @@ def setup(app):
     # interactive figure as a still picture with a caption instead of saving widgets that would do nothing.
     os.environ["KFS_BOOK_BUILD"] = "1"
     app.connect("html-page-context", _strip_thebe, priority=900)
+    app.setup_extension("kfs_eval")  # the `{eval}` role of the pages' computed values (book/_ext/kfs_eval.py)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
