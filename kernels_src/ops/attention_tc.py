@@ -32,6 +32,10 @@ Ladder (both ops)
   gpu/mma_smem     rung 1   the above, row max and sum across the 4 lanes through shared memory (runs in the
                             simulator); one 64-key tile of K and V staged per step, two barriers per step
   gpu/mma_shfl     rung 2   rung 1 with the row reductions by two ``shfl_xor`` (real GPU only)
+  gpu/mma_swz      rung 3   rung 2 with conflict-free staging (V's transposing stores spread over the banks,
+                            unpadded shared rows with XOR-swizzled 16-byte chunks: 16 KB per tile, not 24.5)
+  gpu/mma_dbuf     rung 4   rung 3 double-buffered: the next K/V tile's loads in flight during the mma's,
+                            one barrier per tile, <= 168 registers (3 blocks per SM)
   gpu/sdpa_flash   baseline torch SDPA, FlashAttention-2 backend, same precision (the issue's yardstick)
   gpu/sdpa_cudnn   baseline torch SDPA, cuDNN backend (the fastest in BF16 on the H100, see GPU.md)
 
@@ -144,21 +148,42 @@ def padded_words(D):
 
 
 @functools.cache
-def make_kernel(fmt, DW, shfl):
-    """The flash kernel for ``DW`` words of head size (a multiple of 16) and one way of reducing across lanes."""
+def make_kernel(fmt, DW, shfl, v2=False, dbuf=False):
+    """The flash kernel for ``DW`` words of head size (a multiple of 16).
+
+    ``shfl``: row max/sum across the 4 lanes of a group by shuffles (else through shared memory).
+    ``v2``: conflict-free staging: the V tile's transposing stores spread over 32 key pairs per warp instruction
+    (rungs 1-2: 8 lanes of a warp write the same bank), and unpadded shared rows with an XOR swizzle of 16-byte
+    chunks (row r's chunk c at c ^ 4 (r & 1)) instead of padding, which halves the shared memory per buffer.
+    ``dbuf``: two shared buffers; the next tile's global loads are issued before this tile's mma's and stored after
+    them, one barrier per tile.
+    """
     mma = mma_f16 if fmt == "f16" else mma_bf16
     pack = pack_f16x2 if fmt == "f16" else pack_bf16x2
     assert DW % 16 == 0
     KU = DW // 16                  # 16-word spans of a row of Q and K: two k-steps of the scores each
     NDT = DW // 4                  # 8-column tiles of O
     NKT = BC // 8                  # 8-key tiles of S
-    LDK = DW + (16 - DW) % 32      # words per shared row of K, = 16 (mod 32)
     C4 = DW // 4                   # 16-byte chunks per row of K, V
     KCH = BC * C4 // NT            # chunks of a K tile per thread
     VCH = (BC // 2) * C4 // NT     # (key pair, chunk) items of a V tile per thread
-    SHFL = bool(shfl)
-    KS_SIZE, VT_SIZE, QF, SACC, OACC = BC * LDK, 2 * DW * LDV, DW // 2, NKT * 4, NDT * 4  # constants for arrays
-    assert KCH * NT == BC * C4 and VCH * NT == (BC // 2) * C4
+    SHFL, V2, DBUF = bool(shfl), bool(v2), bool(dbuf)
+    if V2:
+        KROW, VROW = DW, BC // 2               # unpadded rows
+        SWK = 4 if DW % 32 == 0 else 0         # rows of 32 k words: swizzle (DW = 16 mod 32 is conflict-free as is)
+        SWV = 4
+    else:
+        KROW = DW + (16 - DW) % 32             # words per shared row of K, = 16 (mod 32)
+        VROW = LDV
+        SWK = SWV = 0
+    NBUF = 2 if DBUF else 1
+    KSZ, VSZ = BC * KROW, 2 * DW * VROW        # one buffer, in words
+    KS_SIZE, VT_SIZE, QF, SACC, OACC = NBUF * KSZ, NBUF * VSZ, DW // 2, NKT * 4, NDT * 4  # constants for arrays
+    KR, VR = 4 * KCH, 8 * VCH
+    assert KCH * NT == BC * C4 and VCH * NT == (BC // 2) * C4 and KROW % 4 == 0 and VROW % 4 == 0
+    opts = dict(fastmath=True)
+    if DBUF:
+        opts["launch_bounds"] = (NT, 3)
 
     @cuda.jit(device=True, inline=True)
     def rowmax4(x, red, tid):
@@ -185,7 +210,70 @@ def make_kernel(fmt, DW, shfl):
         cuda.syncthreads()  # (the simulator has no syncwarp; every thread of the block gets here)
         return y
 
-    @_jit(fastmath=True)
+    @cuda.jit(device=True, inline=True)
+    def vitem(q):
+        """(key pair, chunk) of V staging item q."""
+        if V2:
+            return q % 32, q // 32  # a warp's 32 lanes: 32 key pairs of one chunk -> 32 different words of a row
+        return q // C4, q % C4
+
+    @cuda.jit(device=True, inline=True)
+    def load_kv(kr, vr, K, V, kb, k0, T, tid):
+        """This thread's share of key tile k0 of K and V into registers (zeros past T)."""
+        for c in range(KCH):
+            q = tid + c * NT
+            key = q // C4
+            ch = q % C4
+            if k0 + key < T:
+                x0, x1, x2, x3 = load4(K, (kb + k0 + key) * C4 + ch)
+            else:
+                x0 = x1 = x2 = x3 = uint32(0)
+            kr[4 * c] = x0
+            kr[4 * c + 1] = x1
+            kr[4 * c + 2] = x2
+            kr[4 * c + 3] = x3
+        for c in range(VCH):
+            p, ch = vitem(tid + c * NT)
+            key = k0 + 2 * p
+            if key < T:
+                x0, x1, x2, x3 = load4(V, (kb + key) * C4 + ch)
+            else:
+                x0 = x1 = x2 = x3 = uint32(0)
+            if key + 1 < T:
+                y0, y1, y2, y3 = load4(V, (kb + key + 1) * C4 + ch)
+            else:
+                y0 = y1 = y2 = y3 = uint32(0)
+            vr[8 * c] = x0
+            vr[8 * c + 1] = x1
+            vr[8 * c + 2] = x2
+            vr[8 * c + 3] = x3
+            vr[8 * c + 4] = y0
+            vr[8 * c + 5] = y1
+            vr[8 * c + 6] = y2
+            vr[8 * c + 7] = y3
+
+    @cuda.jit(device=True, inline=True)
+    def store_kv(Ks, Vt, kr, vr, ko, vo, tid):
+        """Registers -> shared buffer at word offsets ko (K: Ks[key, word]) and vo (V transposed: Vt[d, key pair],
+        key pairs permuted inside 16-word spans: w = 16h + 4a + t at 16h + 4t + a)."""
+        for c in range(KCH):
+            q = tid + c * NT
+            key = q // C4
+            ch = q % C4
+            store4(Ks, (ko + key * KROW) // 4 + (ch ^ (SWK * (key & 1))), kr[4 * c], kr[4 * c + 1], kr[4 * c + 2],
+                   kr[4 * c + 3])
+        for c in range(VCH):
+            p, ch = vitem(tid + c * NT)
+            pos = 16 * (p // 16) + 4 * (p % 4) + (p % 16) // 4
+            for e in range(4):
+                x = vr[8 * c + e]
+                y = vr[8 * c + 4 + e]
+                d = 8 * ch + 2 * e
+                Vt[vo + d * VROW + (pos ^ (4 * SWV * (d & 1)))] = (x & uint32(0xFFFF)) | (y << uint32(16))
+                Vt[vo + (d + 1) * VROW + (pos ^ (4 * SWV * ((d + 1) & 1)))] = ((x >> uint32(16))
+                                                                                | (y & uint32(0xFFFF0000)))
+
+    @_jit(**opts)
     def kernel(O, Q, K, V, S, T, causal, scale):
         # O (BH*S, D) uint16; Q (BH*S, DW), K, V (BH*T, DW) uint32 words of two values, zero-padded past D
         D = O.shape[1]
@@ -205,6 +293,10 @@ def make_kernel(fmt, DW, shfl):
         qf = cuda.local.array(QF, uint32)
         s = cuda.local.array(SACC, float32)
         o = cuda.local.array(OACC, float32)
+        kr = cuda.local.array(KR, uint32)
+        vr = cuda.local.array(VR, uint32)
+        swk = SWK * (g & 1)  # this lane's fragment reads: rows 8j + g of Ks, 8i + g of Vt
+        swv = SWV * (g & 1)
         # Q fragments, once: span u, lane t: words 16u + 4t .. + 3 of rows r, r + 8 (k-steps 2u, 2u + 1)
         for u in range(KU):
             if r < S:
@@ -234,50 +326,30 @@ def make_kernel(fmt, DW, shfl):
         if causal != 0:
             kend = min(T, min(q0 + BR, S) + shift)
         ntiles = (kend + BC - 1) // BC if kend > 0 else 0
+        if DBUF and ntiles > 0:
+            load_kv(kr, vr, K, V, kb, 0, T, tid)
+            store_kv(Ks, Vt, kr, vr, 0, 0, tid)
+            cuda.syncthreads()
         for kt in range(ntiles):
             k0 = kt * BC
-            cuda.syncthreads()  # everyone is done reading the previous tile
-            # K tile -> Ks[key, word] (16-byte chunks, zeros past T)
-            for c in range(KCH):
-                q = tid + c * NT
-                key = q // C4
-                ch = q % C4
-                if k0 + key < T:
-                    x0, x1, x2, x3 = load4(K, (kb + k0 + key) * C4 + ch)
-                else:
-                    x0 = x1 = x2 = x3 = uint32(0)
-                store4(Ks, (key * LDK) // 4 + ch, x0, x1, x2, x3)
-            # V tile -> Vt[d, key pair], key pairs permuted inside 16-word spans (w = 16h + 4a + t at 16h + 4t + a)
-            for c in range(VCH):
-                q = tid + c * NT
-                p = q // C4
-                ch = q % C4
-                key = k0 + 2 * p
-                if key < T:
-                    x0, x1, x2, x3 = load4(V, (kb + key) * C4 + ch)
-                else:
-                    x0 = x1 = x2 = x3 = uint32(0)
-                if key + 1 < T:
-                    y0, y1, y2, y3 = load4(V, (kb + key + 1) * C4 + ch)
-                else:
-                    y0 = y1 = y2 = y3 = uint32(0)
-                pos = 16 * (p // 16) + 4 * (p % 4) + (p % 16) // 4
-                d = 8 * ch
-                Vt[d * LDV + pos] = (x0 & uint32(0xFFFF)) | (y0 << uint32(16))
-                Vt[(d + 1) * LDV + pos] = (x0 >> uint32(16)) | (y0 & uint32(0xFFFF0000))
-                Vt[(d + 2) * LDV + pos] = (x1 & uint32(0xFFFF)) | (y1 << uint32(16))
-                Vt[(d + 3) * LDV + pos] = (x1 >> uint32(16)) | (y1 & uint32(0xFFFF0000))
-                Vt[(d + 4) * LDV + pos] = (x2 & uint32(0xFFFF)) | (y2 << uint32(16))
-                Vt[(d + 5) * LDV + pos] = (x2 >> uint32(16)) | (y2 & uint32(0xFFFF0000))
-                Vt[(d + 6) * LDV + pos] = (x3 & uint32(0xFFFF)) | (y3 << uint32(16))
-                Vt[(d + 7) * LDV + pos] = (x3 >> uint32(16)) | (y3 & uint32(0xFFFF0000))
-            cuda.syncthreads()
+            if DBUF:
+                ko = (kt & 1) * KSZ
+                vo = (kt & 1) * VSZ
+                if kt + 1 < ntiles:
+                    load_kv(kr, vr, K, V, kb, k0 + BC, T, tid)  # in flight during this tile's mma's
+            else:
+                ko = 0
+                vo = 0
+                cuda.syncthreads()  # everyone is done reading the previous tile
+                load_kv(kr, vr, K, V, kb, k0, T, tid)
+                store_kv(Ks, Vt, kr, vr, 0, 0, tid)
+                cuda.syncthreads()
             # S = Q K^T for this warp's 16 rows x 64 keys
             for i in range(NKT * 4):
                 s[i] = float32(0.0)
             for j in range(NKT):
                 for u in range(KU):
-                    y0, y1, y2, y3 = load4(Ks, ((8 * j + g) * LDK) // 4 + 4 * u + t4)
+                    y0, y1, y2, y3 = load4(Ks, (ko + (8 * j + g) * KROW) // 4 + ((4 * u + t4) ^ swk))
                     d0, d1, d2, d3 = mma(qf[8 * u], qf[8 * u + 1], qf[8 * u + 2], qf[8 * u + 3], y0, y1,
                                          s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3])
                     d0, d1, d2, d3 = mma(qf[8 * u + 4], qf[8 * u + 5], qf[8 * u + 6], qf[8 * u + 7], y2, y3,
@@ -341,13 +413,17 @@ def make_kernel(fmt, DW, shfl):
                 b2 = pack(s[n + 12], s[n + 13])
                 b3 = pack(s[n + 14], s[n + 15])
                 for i in range(NDT):
-                    y0, y1, y2, y3 = load4(Vt, ((8 * i + g) * LDV) // 4 + 4 * u + t4)
+                    y0, y1, y2, y3 = load4(Vt, (vo + (8 * i + g) * VROW) // 4 + ((4 * u + t4) ^ swv))
                     d0, d1, d2, d3 = mma(a0, a1, a2, a3, y0, y1, o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3])
                     d0, d1, d2, d3 = mma(b0, b1, b2, b3, y2, y3, d0, d1, d2, d3)
                     o[4 * i] = d0
                     o[4 * i + 1] = d1
                     o[4 * i + 2] = d2
                     o[4 * i + 3] = d3
+            if DBUF:
+                if kt + 1 < ntiles:
+                    store_kv(Ks, Vt, kr, vr, KSZ - ko, VSZ - vo, tid)
+                cuda.syncthreads()
         l0 = rowsum4(l0, red, tid)
         l1 = rowsum4(l1, red, tid)
         inv0 = float32(1.0) / l0 if l0 > float32(0.0) else float32(0.0)
@@ -394,11 +470,11 @@ def as_words(x, DW):
     return out.view(np.uint32)
 
 
-def launch(fmt, shfl, o, q, k, v, causal):
+def launch(fmt, shfl, o, q, k, v, causal, v2=False, dbuf=False):
     B, H, S, D = q.shape
     T = k.shape[2]
     DW = padded_words(D)
-    kern = make_kernel(fmt, DW, shfl)
+    kern = make_kernel(fmt, DW, shfl, v2, dbuf)
     O2 = _u16(o).reshape(B * H * S, D)
     kern[(max(1, ceil_div(S, BR)), B * H), NT](O2, as_words(q, DW), as_words(k, DW), as_words(v, DW), S, T,
                                               int(causal), np.float32(1.0 / math.sqrt(D)))
@@ -428,6 +504,26 @@ def _register(fmt):
         barriers per 64-key tile. Predicted: a few % over rung 1."""
     register(op, "gpu", "mma_shfl", rung=2, requires=needs_real_gpu,
              ptx=[(make_kernel(fmt, 32, True), SIG)])(r2)
+
+    def r3(o, q, k, v, causal):
+        launch(fmt, True, o, q, k, v, causal, v2=True)
+
+    r3.__doc__ = """Rung 2 with conflict-free staging: the transposing stores of a V tile spread a warp over 32 key
+        pairs (rung 2: 8 lanes of a warp on one bank, 16 such stores per thread per tile), and shared rows
+        unpadded with an XOR swizzle of their 16-byte chunks (16 KB per K + V tile instead of 24.5 KB).
+        Predicted: the staging's share of a tile (~15 % of rung 2's time) mostly gone."""
+    register(op, "gpu", "mma_swz", rung=3, requires=needs_real_gpu,
+             ptx=[(make_kernel(fmt, 32, True, True), SIG)])(r3)
+
+    def r4(o, q, k, v, causal):
+        launch(fmt, True, o, q, k, v, causal, v2=True, dbuf=True)
+
+    r4.__doc__ = """Rung 3 double-buffered: the next tile's K and V global loads are issued before this tile's
+        mma's (into 32 registers) and stored to the other shared buffer after them, one barrier per tile instead
+        of two, at most 168 registers (3 blocks of 4 warps per SM). Predicted: the load latency (~1 us per tile
+        at 3 blocks per SM) hidden behind the mma's: 1.2-1.5x rung 3."""
+    register(op, "gpu", "mma_dbuf", rung=4, requires=needs_real_gpu,
+             ptx=[(make_kernel(fmt, 32, True, True, True), SIG)])(r4)
 
 
 for _f in FMTS:
