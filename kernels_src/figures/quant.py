@@ -228,7 +228,8 @@ def plot_error_model(weights, row_with_outlier=None, axes=None):
 
     from ..ops import quant_error as qe
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8)) if axes is None else (axes[0].figure, axes)
+    # one panel above the other at the page's width (side by side at 15 in, the page showed its labels at 5 px)
+    fig, axes = plt.subplots(3, 1, figsize=(7.4, 11)) if axes is None else (axes[0].figure, axes)
     ax = axes[0]
     g = weights["Gaussian"][0]
     bins = np.linspace(-1.0, 1.0, 81)
@@ -252,10 +253,10 @@ def plot_error_model(weights, row_with_outlier=None, axes=None):
     gx = [i for i, r in enumerate(rows) if r["gauss"] is not None]
     ax.plot(gx, [rows[i]["gauss"] for i in gx], "k*", ms=9, label="Gaussian formula (E[amax²])")
     ax.set_yscale("log")
-    ax.set_xticks(x, [f"{r['format']}\n{r['weights']}" for r in rows], fontsize=7)
+    ax.set_xticks(x, [f"{r['format']}\n{r['weights']}" for r in rows], fontsize=8)
     ax.set_ylabel("RMS error")
     ax.set_title("prediction against measurement", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
 
     ax = axes[2]
     W = weights["Gaussian + outliers"][0] if row_with_outlier is None else row_with_outlier
@@ -272,6 +273,6 @@ def plot_error_model(weights, row_with_outlier=None, axes=None):
     ax.set_ylabel("RMS error")
     ax.set_xlabel(f"block along row {r} (32 weights each)")
     ax.set_title("an outlier inflates only its own block's Δ", fontsize=10)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return axes
