@@ -71,7 +71,29 @@ def _roofline(op, size=None):
     return draw
 
 
-FIGURES = {"course_map": _course_map, "byte_layout": _byte_layout,
+def _error_model():
+    from kernels_src.figures import quant
+    from kernels_src.ops import quant_error
+
+    return quant.plot_error_model(quant_error.chapter_weights())[0].figure
+
+
+def _gelu_approx():
+    from kernels_src.figures import rowwise
+
+    return rowwise.plot_gelu_approx()[0].figure
+
+
+def _activation_roofline():
+    from kernels_src import plots
+    from kernels_src.figures import rowwise
+
+    acts = rowwise.available(["relu", "gelu", "gelu_bwd", "silu"]) + [plots.load_bench("h100/bias_gelu_gpu")]
+    return rowwise.activation_roofline(acts, title="chapter 6")[0].figure
+
+
+FIGURES = {"course_map": _course_map, "byte_layout": _byte_layout, "error_model": _error_model,
+           "gelu_approx": _gelu_approx, "activation_roofline": _activation_roofline,
            "roofline_attention": _roofline("attention", (4, 16, 16, 2048, 2048, 64, 0)),
            "roofline_softmax": _roofline("softmax"), "roofline_gemv": _roofline("gemv")}
 
