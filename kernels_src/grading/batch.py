@@ -202,8 +202,22 @@ def grade_folder(folder, out_csv, *, autograder=None, exercise: str | None = Non
     if bar is not None:
         bar.close()
     book.write()
+    weaker: dict = {}  # what the sandbox lacked on this machine -> how many submissions of this run it concerns
+    for _, res in done:
+        for w in (res.get("extra_data") or {}).get("sandbox_weaker") or []:
+            weaker[w] = weaker.get(w, 0) + 1
     return {"graded": len(done), "skipped": skipped, "total": len(items), "gradebook": str(out_csv),
-            "results_dir": str(results_dir)}
+            "results_dir": str(results_dir), "sandbox_weaker": weaker}
+
+
+def sandbox_summary(weaker: dict, graded: int) -> str:
+    """The batch summary's line on the sandbox ('' when every submission got all of it)."""
+    if not weaker:
+        return ""
+    from .confine import weakness_line
+
+    n = max(weaker.values())
+    return f"{weakness_line(list(weaker))} ({n} of {graded} submission(s) graded so.)"
 
 
 _perf_lock = threading.Lock()  # speed questions are timed one at a time, whatever --jobs says

@@ -362,6 +362,7 @@ class _Reporter:
     def __init__(self, spec: CheckSpec, bundle: Bundle, n_cases: int, seed: int, flags: list, t0: float):
         self.spec, self.bundle, self.n_cases, self.seed, self.flags, self.t0 = spec, bundle, n_cases, seed, flags, t0
         self.load_notes: list = []  # cells that stopped with an error while the worker loaded the code
+        self.weak: list = []  # protections the sandbox lacked (confine.weaknesses), shared by a batch's reporters
 
     def __call__(self, passed: bool, lines: list, status: str = "fail") -> Verdict:
         n = self.n_cases
@@ -375,7 +376,8 @@ class _Reporter:
             body += ["  note: " + n for n in self.load_notes]
             body += ["  note: your code " + f for f in self.flags]
         return Verdict(self.spec.key, self.spec.title, passed, "\n".join(body), self.seed,
-                       time.perf_counter() - self.t0, "ok" if passed else status, self.flags)
+                       time.perf_counter() - self.t0, "ok" if passed else status, self.flags,
+                       sandbox=sorted(set(self.weak)))
 
 
 def _make_job(spec: CheckSpec, bundle: Bundle, cases) -> tuple[dict, dict]:
@@ -734,6 +736,18 @@ def run_checks(specs: list, bundle: Bundle, seed: int | None = None) -> list:
         owner += [si] * len(cs)
     flags = suspicious_flags(bundle)
     reporters = [_Reporter(s, bundle, owner.count(si), seed, flags, t0) for si, s in enumerate(specs)]
+    weak: list = []
+    for r in reporters:
+        r.weak = weak
+
+    def boxed(*a, **k):
+        """sandbox.run, noting what the sandbox lacked on this machine (the report says so)."""
+        from .confine import weaknesses
+
+        res = sandbox.run(*a, **k)
+        if res.confined is not None or not sandbox.CONFINE:
+            weak.extend(weaknesses(res.confined))
+        return res
 
     def everyone(passed, lines, status="fail", timed_out=False):
         out = []
@@ -755,7 +769,7 @@ def run_checks(specs: list, bundle: Bundle, seed: int | None = None) -> list:
             decoys[0] += d[0]
             decoys[1] += d[1]
         files = {"decoys.npz": _decoy_arrays(job, arrays, decoys)}
-    res = sandbox.run(dict(job, mode="plan"), bundle.source, files=files, device_mode="sim", timeout=spec.timeout)
+    res = boxed(dict(job, mode="plan"), bundle.source, files=files, device_mode="sim", timeout=spec.timeout)
     lines = _sandbox_failure(res)
     if lines is not None:
         return everyone(False, lines, timed_out=res.status == "timeout")
@@ -810,7 +824,7 @@ def run_checks(specs: list, bundle: Bundle, seed: int | None = None) -> list:
         prefixes = tuple(f"c{ci}s0_" for ci in keep)
         plan_files = {"plan.npz": {k: v for k, v in store.items() if k.startswith(prefixes)}}
     wanted = {key for ci in keep for key in job["cases"][ci]["inputs"] + job["cases"][ci]["outputs"]}
-    res = sandbox.run(exec_job, bundle.source, files=plan_files, stream={k: v for k, v in arrays.items() if k in wanted},
+    res = boxed(exec_job, bundle.source, files=plan_files, stream={k: v for k, v in arrays.items() if k in wanted},
                       device_mode="sim", timeout=spec.timeout)
     lines = _sandbox_failure(res)
     verdicts: list = [None] * len(specs)

@@ -108,6 +108,11 @@ def cmd_grade(args) -> int:
                            progress=not args.quiet, perf=args.perf)
     print(f"graded {summary['graded']}, skipped {summary['skipped']} already graded, of {summary['total']}; "
           f"gradebook: {summary['gradebook']}; results: {summary['results_dir']}/<submission>/results.json")
+    from .batch import sandbox_summary
+
+    weaker = sandbox_summary(summary.get("sandbox_weaker") or {}, summary["graded"])
+    if weaker:
+        print(weaker)
     return 0
 
 

@@ -194,20 +194,32 @@ def read_paths(extra=()) -> list[str]:
     return paths + [p for p in extra if p]
 
 
-def confine(scratch: str, read=(), uid: int | None = None, net: bool = True, devices=()) -> list[str]:
+SKIPPABLE = ("netns", "uid", "landlock")  # KERNELS_GRADING_CONFINE_SKIP: pretend this machine lacks them (tests)
+
+
+def skipped_from_env() -> list[str]:
+    """The protections that ``KERNELS_GRADING_CONFINE_SKIP`` (comma-separated: netns, uid, landlock) turns off:
+    how a test, or an instructor checking the report, sees what grading on a machine without them says."""
+    raw = os.environ.get("KERNELS_GRADING_CONFINE_SKIP", "")
+    return [s for s in (x.strip().lower() for x in raw.split(",")) if s in SKIPPABLE]
+
+
+def confine(scratch: str, read=(), uid: int | None = None, net: bool = True, devices=(), skip=()) -> list[str]:
     """Confine this process (see the module docstring). Returns what was applied, one line each.
 
     ``net=False`` keeps TCP (the otter run talks to its Jupyter kernel over localhost). ``devices``: device
-    files it may open read-write and drive (a speed question's worker on a GPU: ``/dev/nvidia*``)."""
+    files it may open read-write and drive (a speed question's worker on a GPU: ``/dev/nvidia*``). ``skip``:
+    protections not to apply (see :func:`skipped_from_env`); each is reported as missing."""
     done = []
+    skip = set(skip)
     if not sys.platform.startswith("linux"):
         return ["no confinement (not Linux)"]
     is_root = os.geteuid() == 0
-    if net and is_root:
+    if net and is_root and "netns" not in skip:
         if _libc().unshare(_CLONE_NEWNET) == 0:
             done.append("no network (empty network namespace)")
     paths = read_paths(read)
-    if is_root:
+    if is_root and "uid" not in skip:
         if uid is not None and interpreter_readable_by_others():
             try:
                 os.chown(scratch, uid, uid)
@@ -224,8 +236,61 @@ def confine(scratch: str, read=(), uid: int | None = None, net: bool = True, dev
         else:
             _drop_capabilities()
             done.append("uid 0 without capabilities (the interpreter is not readable by other users)")
-    done.append(_landlock(paths, [scratch, "/dev/null"], tcp=not net, list_only=sorted(_LIST_ONLY), devices=devices))
+    if "landlock" in skip:
+        done.append("no Landlock (skipped: KERNELS_GRADING_CONFINE_SKIP)")
+    else:
+        done.append(_landlock(paths, [scratch, "/dev/null"], tcp=not net, list_only=sorted(_LIST_ONLY),
+                              devices=devices))
     return done
+
+
+NOT_CONFINED = "not confined (KERNELS_GRADING_CONFINE=0)"
+
+
+def weaknesses(done, net: bool = True) -> list[str]:
+    """What a process confined as ``done`` (the lines :func:`confine` returned; None: not confined at all) is
+    not protected from, one plain line per missing protection, naming it and what it means. Empty when the
+    process got everything this design asks for (see the module docstring)."""
+    if done is None or NOT_CONFINED in done:
+        return ["no confinement at all (KERNELS_GRADING_CONFINE=0): the code ran with the grader's own rights "
+                "(files, network, signals)"]
+    if any(d.startswith("no confinement") for d in done):
+        return [f"{done[0]}: the code ran with the grader's own rights (files, network, signals)"]
+    text = "\n".join(done)
+    abi = 0
+    for d in done:
+        if d.startswith("Landlock ABI"):
+            try:
+                abi = int(d.split()[2].rstrip(":"))
+            except (IndexError, ValueError):
+                abi = 1
+    out = []
+    if not abi:
+        out.append("no Landlock: the code could read every file the grading user can read (the course's "
+                   "solutions, hidden tests, other submissions) and write outside its own directory")
+    netns = "empty network namespace" in text
+    if net and not netns:
+        if abi >= 4:
+            out.append("no network namespace (it needs root): Landlock blocks TCP, other protocols "
+                       "(UDP) stay open")
+        else:
+            out.append("no network namespace and no Landlock network rule: the code could use the network")
+    own_uid = "unprivileged uid" in text
+    if not own_uid:
+        if abi >= 6:
+            if "uid 0 without capabilities" not in text:
+                out.append("no separate user: the code runs as the grader's user; "
+                           "Landlock still keeps it from signalling or tracing the grader")
+        else:
+            out.append("no separate user and no Landlock signal scope (ABI < 6): the code could signal (kill) "
+                       "the grader and other submissions' processes")
+    return out
+
+
+def weakness_line(lines) -> str:
+    """The one line a report carries when the sandbox was weaker than designed ('' when it was not)."""
+    lines = sorted(set(lines))
+    return ("Sandbox weaker than designed on this machine: " + "; ".join(lines) + ".") if lines else ""
 
 
 def describe() -> str:

@@ -126,6 +126,7 @@ class SandboxResult:
     output_tail: str = ""
     message: str = ""
     progress: str = ""  # the last step the worker announced before it stopped
+    confined: list | None = None  # what confinement the worker reported applying (see confine.weaknesses)
 
     @property
     def ok(self) -> bool:
@@ -189,7 +190,10 @@ def run(job: dict, source: str, *, inputs: dict | None = None, device_mode: str 
         runtime = runtime_dir()
         job["sys_path"] = extra_sys_path()
         if CONFINE:
-            job["confine"] = {"read": [runtime] + job["sys_path"], "uid": _next_uid(), "net": True}
+            from .confine import skipped_from_env
+
+            job["confine"] = {"read": [runtime] + job["sys_path"], "uid": _next_uid(), "net": True,
+                              "skip": skipped_from_env()}
         if stream is not None:
             ready_r, ready_w = os.pipe()
             job["ready_fd"] = ready_w
@@ -234,6 +238,12 @@ def run(job: dict, source: str, *, inputs: dict | None = None, device_mode: str 
         payload = _read_json(work / "result.json")
         if payload is not None:
             res.payload = payload
+            conf = payload.get("confined")
+            res.confined = [str(x) for x in conf] if isinstance(conf, list) else None
+        if not CONFINE:
+            from .confine import NOT_CONFINED
+
+            res.confined = [NOT_CONFINED]
         if (work / "outputs.npz").exists():
             try:
                 with np.load(work / "outputs.npz", allow_pickle=False) as z:

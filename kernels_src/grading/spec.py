@@ -49,6 +49,7 @@ class Verdict:
     status: str = "ok"  # ok | fail | error (the grader itself failed: never the student's fault)
     flags: list = field(default_factory=list)  # instructor notes: suspicious constructs in the code
     timed_out: bool = False  # the student's code did not finish within the check's time limit
+    sandbox: list = field(default_factory=list)  # protections the sandbox lacked on this machine (confine.weaknesses)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -320,11 +320,16 @@ def grade_submission(submission, autograder, *, jobs: int = 1, run_otter: bool =
                      "grader did not: the isolated grader's result counts (did the notebook change numpy, the "
                      "checker or otter?).")
     flags = sorted({f for v in verdicts.values() for f in v.flags})
+    weak = sorted({w for v in verdicts.values() for w in v.sandbox} | set(otter_view.get("sandbox") or []))
+    if weak:  # said in one line, to the student and in the record (issue 28: say when the sandbox is weaker)
+        from .confine import weakness_line
+
+        notes.insert(0, weakness_line(weak))
     seconds = time.perf_counter() - t0
     header = [f"Graded {ag.slug}: seed {seed} (inputs are random; the seed reproduces them)."]
     output = "\n".join(header + notes)
     extra = {"seed": seed, "sha256": sha, "seconds": round(seconds, 2), "exercise": ag.slug, "status": status,
-             "flags": flags, "notebook": nb_path.name if nb_path else "",
+             "flags": flags, "sandbox_weaker": weak, "notebook": nb_path.name if nb_path else "",
              "verdicts": {k: {"passed": v.passed, "status": v.status, "title": v.title, "seconds": round(v.seconds, 2)}
                           for k, v in verdicts.items()},
              "otter": {k: v for k, v in otter_view.items() if k in ("status", "scores", "seconds", "timeout")}}
@@ -455,6 +460,12 @@ def _run_otter(nb, ag: Autograder, verdicts: dict, pending: _Pending | None = No
             summary = json.loads((root / "results" / "summary.json").read_text())
         except (OSError, ValueError):
             pass
+        from .confine import weaknesses
+
+        if not sandbox.CONFINE:
+            view["sandbox"] = weaknesses(None, net=False)
+        elif isinstance(summary, dict) and isinstance(summary.get("confined"), list):
+            view["sandbox"] = weaknesses([str(x) for x in summary["confined"]], net=False)
         if rc is None:
             view["status"] = "timeout"
             view["notes"].append(f"Your notebook did not finish running within {limit:g} s (an infinite "
@@ -505,17 +516,18 @@ def _otter_child(root: str, memory: int, scratch: str | None = None, runtime: st
 
     from otter.run.run_autograder import main as run_autograder
 
+    confined = None
     if scratch and CONFINE:  # the notebook runs in here: it may write only this run's directory
-        from .confine import confine
+        from .confine import confine, skipped_from_env
 
-        confine(scratch, read=[runtime] if runtime else [], uid=None, net=False)
+        confined = confine(scratch, read=[runtime] if runtime else [], uid=None, net=False, skip=skipped_from_env())
 
     for lim, val in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, 8 * OUTPUT_LIMIT)):
         try:
             resource.setrlimit(lim, (val, resource.getrlimit(lim)[1]))
         except (ValueError, OSError):
             pass
-    summary = {"scores": {}, "errors": []}
+    summary = {"scores": {}, "errors": [], "confined": confined}
     try:
         run_autograder(root, otter_run=True, logo=False, print_summary=False)
     except BaseException as e:  # noqa: BLE001

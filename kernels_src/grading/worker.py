@@ -944,7 +944,8 @@ def main(argv=None) -> None:
         from .confine import confine
 
         result["confined"] = confine(os.getcwd(), read=conf.get("read", ()), uid=conf.get("uid"),
-                                     net=conf.get("net", True), devices=conf.get("devices", ()))
+                                     net=conf.get("net", True), devices=conf.get("devices", ()),
+                                     skip=conf.get("skip", ()))
     from .sandbox import apply_limits
 
     apply_limits(job.get("limits", {}))
