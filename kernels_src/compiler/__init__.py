@@ -44,7 +44,8 @@ MLIR_GAPS = {
        for op in ("gemm_tf32", "gemm_f16", "gemm_bf16")
        for v in ("mma_warp", "mma_smem", "mma_dbuf", "mma_wide", "mma_wide256")},
     **{f"{op}/gpu/{v}": "mma.sync needs inline PTX, which numba-cuda-mlir 0.6 does not have"
-       for op in ("attention_f16", "attention_bf16") for v in ("mma_smem", "mma_shfl", "mma_swz", "mma_dbuf")},
+       for op in ("attention_f16", "attention_bf16")
+       for v in ("mma_smem", "mma_shfl", "mma_swz", "mma_dbuf", "mma_br128")},
     **{f"{k}_fp16/gpu/vec16": "fp16 bit patterns <-> float32 (halfbits.f16bits_to_f32) are an llvmlite intrinsic, "
        "which numba-cuda-mlir 0.6 cannot compile" for k in ("softmax", "softmax_bwd", "layernorm", "layernorm_bwd",
                                                          "rmsnorm", "rmsnorm_bwd", "gelu", "gelu_bwd")},

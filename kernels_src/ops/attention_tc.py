@@ -36,6 +36,7 @@ Ladder (both ops)
                             unpadded shared rows with XOR-swizzled 16-byte chunks: 16 KB per tile, not 24.5)
   gpu/mma_dbuf     rung 4   rung 3 double-buffered: the next K/V tile's loads in flight during the mma's,
                             one barrier per tile, <= 168 registers (3 blocks per SM)
+  gpu/mma_br128    rung 5   rung 4 with 128 query rows (8 warps) per block: a staged K/V tile serves twice the rows
   gpu/sdpa_flash   baseline torch SDPA, FlashAttention-2 backend, same precision (the issue's yardstick)
   gpu/sdpa_cudnn   baseline torch SDPA, cuDNN backend (the fastest in BF16 on the H100, see GPU.md)
 
@@ -148,8 +149,8 @@ def padded_words(D):
 
 
 @functools.cache
-def make_kernel(fmt, DW, shfl, v2=False, dbuf=False):
-    """The flash kernel for ``DW`` words of head size (a multiple of 16).
+def make_kernel(fmt, DW, shfl, v2=False, dbuf=False, nw=NW):
+    """The flash kernel for ``DW`` words of head size (a multiple of 16), ``nw`` warps of 16 query rows per block.
 
     ``shfl``: row max/sum across the 4 lanes of a group by shuffles (else through shared memory).
     ``v2``: conflict-free staging: the V tile's transposing stores spread over 32 key pairs per warp instruction
@@ -161,6 +162,7 @@ def make_kernel(fmt, DW, shfl, v2=False, dbuf=False):
     mma = mma_f16 if fmt == "f16" else mma_bf16
     pack = pack_f16x2 if fmt == "f16" else pack_bf16x2
     assert DW % 16 == 0
+    NT, BR = 32 * nw, 16 * nw      # threads and query rows per block (these shadow the module's defaults)
     KU = DW // 16                  # 16-word spans of a row of Q and K: two k-steps of the scores each
     NDT = DW // 4                  # 8-column tiles of O
     NKT = BC // 8                  # 8-key tiles of S
@@ -183,7 +185,7 @@ def make_kernel(fmt, DW, shfl, v2=False, dbuf=False):
     assert KCH * NT == BC * C4 and VCH * NT == (BC // 2) * C4 and KROW % 4 == 0 and VROW % 4 == 0
     opts = dict(fastmath=True)
     if DBUF:
-        opts["launch_bounds"] = (NT, 3)
+        opts["launch_bounds"] = (NT, 12 // nw)
 
     @cuda.jit(device=True, inline=True)
     def rowmax4(x, red, tid):
@@ -443,6 +445,7 @@ def make_kernel(fmt, DW, shfl, v2=False, dbuf=False):
                 if col + 1 < D:
                     O[qb + r + 8, col + 1] = uint16(w >> uint32(16))
 
+    kernel.threads, kernel.rows = NT, BR
     return kernel
 
 
@@ -470,14 +473,17 @@ def as_words(x, DW):
     return out.view(np.uint32)
 
 
-def launch(fmt, shfl, o, q, k, v, causal, v2=False, dbuf=False):
+def launch(fmt, shfl, o, q, k, v, causal, v2=False, dbuf=False, nw=NW):
     B, H, S, D = q.shape
     T = k.shape[2]
     DW = padded_words(D)
-    kern = make_kernel(fmt, DW, shfl, v2, dbuf)
+    if (BC // 2) * (DW // 4) % (32 * nw):  # too few 16-byte chunks in a V tile for this many threads
+        nw = NW
+    kern = make_kernel(fmt, DW, shfl, v2, dbuf, nw)
     O2 = _u16(o).reshape(B * H * S, D)
-    kern[(max(1, ceil_div(S, BR)), B * H), NT](O2, as_words(q, DW), as_words(k, DW), as_words(v, DW), S, T,
-                                              int(causal), np.float32(1.0 / math.sqrt(D)))
+    grid = (max(1, ceil_div(S, kern.rows)), B * H)
+    kern[grid, kern.threads](O2, as_words(q, DW), as_words(k, DW), as_words(v, DW), S, T, int(causal),
+                             np.float32(1.0 / math.sqrt(D)))
 
 
 SIG = "void(uint16[:, ::1], uint32[:, ::1], uint32[:, ::1], uint32[:, ::1], int64, int64, int64, float32)"
@@ -524,6 +530,16 @@ def _register(fmt):
         at 3 blocks per SM) hidden behind the mma's: 1.2-1.5x rung 3."""
     register(op, "gpu", "mma_dbuf", rung=4, requires=needs_real_gpu,
              ptx=[(make_kernel(fmt, 32, True, True, True), SIG)])(r4)
+
+    def r5(o, q, k, v, causal):
+        launch(fmt, True, o, q, k, v, causal, v2=True, dbuf=True, nw=8)
+
+    r5.__doc__ = """Rung 4 with 128 query rows per block (8 warps) instead of 64: each K and V tile staged in shared
+        memory serves twice the rows, halving the global loads and the transposing stores per mma, at one block
+        of 8 warps per SM (rung 4: three blocks of 4). Predicted: faster if staging and load latency limit rung 4,
+        slower if its 12 warps per SM were needed to hide the mma and exp latencies."""
+    register(op, "gpu", "mma_br128", rung=5, requires=needs_real_gpu,
+             ptx=[(make_kernel(fmt, 32, True, True, True, 8), SIG)])(r5)
 
 
 for _f in FMTS:
