@@ -97,7 +97,61 @@ def test_tolerance_is_documented_and_scales_like_sqrt_n():
     big = sr.tolerance((1_000_000,), np.float32)
     assert big[0] / small[0] < 2 * math.sqrt(1e4)
     assert sr.tolerance((10,), np.float64) is None
-    assert sr.tolerance_running_sum((10**6,), np.float32)[0] > big[0]
+
+
+# ----------------------------------------------------------- the atomic rung's sums do not drift (issue 29)
+def _adversarial(n):
+    """db = (2/n) sum r_i with r_0 = +2^25, r_{n-1} = -2^25 and every other r_i = 1 (x = 0, b = 0): a float32
+    running sum that meets the large term first loses every 1 (2^25 + 1 rounds back to 2^25), so it ends near
+    0 instead of 2(n-2)/n. In float64 every partial sum is an exact integer, whatever the order."""
+    x = np.zeros(n, np.float32)
+    y = np.full(n, -1.0, np.float32)
+    y[0], y[-1] = -(2.0 ** 25), 2.0 ** 25
+    return np.float32(0.75), np.float32(0.0), x, y
+
+
+def test_adversarial_input_breaks_a_float32_running_sum():
+    """The input below is one where the old kernel's float32 accumulation fails (in sample order)."""
+    w, b, x, y = _adversarial(1031)
+    r = (w * x + b - y).astype(np.float32)
+    running = np.cumsum(np.float32(2.0) * r / np.float32(x.size), dtype=np.float32)[-1]
+    want = sr.reference(float(w), float(b), x.astype(np.float64), y.astype(np.float64))[2][0]
+    assert abs(running - want) / abs(want) > 0.5
+
+
+@pytest.mark.skipif(not kernels_src.device.GPU_VARIANTS_RUN, reason="GPU variants are off (KERNELS_DEVICE=cpu)")
+def test_atomic_rung_sums_exactly_on_the_adversarial_input():
+    """Rung 1 on the real GPU or the simulator: its float64 sums keep every 1, so db is right to within
+    float32's final rounding (the float32-atomic kernel it replaced returned about 0 here)."""
+    cuda = kernels_src.device.cuda
+    n = 1031 if kernels_src.device.SIMULATED else (1 << 24) + 3
+    w, b, x, y = _adversarial(n)
+    outs = [cuda.to_device(np.full(1, np.nan, np.float32)) for _ in range(3)]
+    sr.regression_grad_atomic(*outs, w, b, cuda.to_device(x), cuda.to_device(y))
+    got = [o.copy_to_host()[0] for o in outs]
+    want = [a[0] for a in sr.reference(float(w), float(b), x.astype(np.float64), y.astype(np.float64))]
+    assert got[1] == 0.0  # dw: every x is 0
+    for g, r in ((got[0], want[0]), (got[2], want[2])):
+        assert np.isfinite(g) and abs(g - r) <= (sr.atomic_error_bound(n) + 2.0 ** -24) * abs(r), (got, want)
+
+
+def test_atomic_error_bound_holds_where_float32_drifted():
+    """At n = 2^22 (the H100 showed 3 % at 2^24): emulate rung 1's summation (float32 r_i, a float64 running
+    sum in a random order, one rounding to float32) and the old one (a float32 running sum of the scaled
+    terms). The new order stays inside :func:`atomic_error_bound`; the old one is far outside it, so the
+    bound is a test that a float32 accumulator fails. The loss's terms are all positive: the drift is
+    systematic there."""
+    n = 1 << 22
+    rng = np.random.default_rng(1)
+    w, b, x, y = sr.make_inputs((n,), np.dtype(np.float32), rng)
+    want = sr.reference(float(w), float(b), x.astype(np.float64), y.astype(np.float64))[0][0]
+    r = (w * x + b - y).astype(np.float32)
+    r64 = r.astype(np.float64)[rng.permutation(n)]
+    new = np.float32(np.cumsum(r64 * r64)[-1] / n)
+    old = np.cumsum(r * r * (np.float32(1.0) / np.float32(n)), dtype=np.float32)[-1]
+    bound = sr.atomic_error_bound(n)
+    assert abs(new - want) / want <= bound
+    assert abs(old - want) / want > 100 * bound
 
 
 def test_plot_helpers_draw(tmp_path):

@@ -16,7 +16,8 @@ Ladder
   cpu/loop      rung 1 one @njit loop, float64 accumulators: one pass over x and y, no temporaries
   cpu/prange    rung 2 the same loop with prange: numba splits the sums over cores and adds the parts
   gpu/atomic    rung 1 the first @cuda.jit kernel: one thread per sample; every thread atomically
-                       adds its three terms to the same three addresses in global memory
+                       adds its three terms to the same three addresses in global memory (float64 sums,
+                       rounded to float32 once: a float32 running sum of n terms drifts by percents)
   gpu/twopass   rung 2 each block sums its samples in shared memory (a tree); a second, one-block
                        kernel adds the per-block partial sums. Deterministic, needs a scratch buffer
   gpu/blockatomic rung 3 the same per-block tree, then one atomic per block (not per sample) finishes
@@ -88,16 +89,15 @@ def tolerance(size, dtype):
     return (rtol, 1e-6)
 
 
-def tolerance_running_sum(size, dtype):
-    """The per-sample atomic kernel is one running float32 sum of n terms, in whatever order the
-    atomics land. Once each term is only a few ulps of the sum, rounding stops being random and the
-    error grows faster than sqrt(n): measured with a shuffled float32 loop, 3.9 eps sqrt(n) at
-    n = 1e6 and 13 eps sqrt(n) at n = 2^24. We allow 16 eps sqrt(n) (rtol 1.9e-3 at n = 1e6)."""
-    if np.dtype(dtype) != np.float32:
-        return None
-    (n,) = size
-    slack = 16 * EPS32 * math.sqrt(n)
-    return (1e-5 + slack, 1e-6 + slack)
+def atomic_error_bound(n: int) -> float:
+    """The per-sample atomic kernel's error, relative to sum |terms| (loss: to the loss itself). Each r_i is
+    computed in float32 like every rung (at most 3 roundings, relative to |w x_i| + |b| + |y_i|); r_i^2 and
+    r_i x_i are exact in float64 (24-bit times 24-bit significands fit in 53 bits); the n atomic adds are a
+    float64 running sum in any order, error at most (n - 1) * 2^-53 of sum |terms|; one division by n and
+    one rounding to float32 end it. So: 3 float32 ulps per term, half an ulp at the end, and a float64 chain
+    that stays below 2^-29 (4 float32 eps) up to n = 2^24. A float32 running sum instead has the chain
+    (n - 1) * 2^-24: useless once n nears 2^24 (measured on the H100 before the fix: 3 % at n = 2^24)."""
+    return 3.5 * EPS32 + (n - 1) * 2.0 ** -53
 
 
 define_op(
@@ -203,26 +203,58 @@ def zero3_kernel(loss, dw, db):
 
 
 @cuda.jit
-def regression_atomic_kernel(loss, dw, db, w, b, x, y):
+def regression_atomic_kernel(acc, w, b, x, y):
     i = cuda.grid(1)  # this thread's sample: blockIdx.x * blockDim.x + threadIdx.x
-    n = x.size
-    if i < n:  # the bounds guard: the last block runs past the end when n % 256 != 0
-        r = w * x[i] + b - y[i]
-        inv_n = np.float32(1.0) / np.float32(n)
-        cuda.atomic.add(loss, 0, r * r * inv_n)
-        cuda.atomic.add(dw, 0, np.float32(2.0) * r * x[i] * inv_n)
-        cuda.atomic.add(db, 0, np.float32(2.0) * r * inv_n)
+    if i < x.size:  # the bounds guard: the last block runs past the end when n % 256 != 0
+        r = np.float64(w * x[i] + b - y[i])  # the error in float32, as in every rung; the sums in float64
+        cuda.atomic.add(acc, 0, r * r)
+        cuda.atomic.add(acc, 1, r * np.float64(x[i]))
+        cuda.atomic.add(acc, 2, r)
 
 
-@register("regression_grad", "gpu", "atomic", rung=1, tol=tolerance_running_sum,
-          ptx=[(zero3_kernel, f"void({OUT_SIG})"), (regression_atomic_kernel, f"void({OUT_SIG}, {IN_SIG})")])
+@cuda.jit
+def zero_acc_kernel(acc):
+    """The float64 accumulators start at 0 (one thread)."""
+    if cuda.grid(1) == 0:
+        acc[0] = 0.0
+        acc[1] = 0.0
+        acc[2] = 0.0
+
+
+@cuda.jit
+def finish_acc_kernel(loss, dw, db, acc, n):
+    """Scale the three float64 sums and round each to float32 once (one thread)."""
+    if cuda.grid(1) == 0:
+        loss[0] = np.float32(acc[0] / n)
+        dw[0] = np.float32(2.0 * acc[1] / n)
+        db[0] = np.float32(2.0 * acc[2] / n)
+
+
+_acc: list = []
+
+
+def acc_buffer():
+    """The three float64 running sums of the atomic rung, on the device, allocated once and reused."""
+    if not _acc:
+        _acc.append(cuda.device_array(3, dtype=np.float64))
+    return _acc[0]
+
+
+@register("regression_grad", "gpu", "atomic", rung=1,
+          ptx=[(zero_acc_kernel, "void(float64[::1])"), (regression_atomic_kernel, f"void(float64[::1], {IN_SIG})"),
+               (finish_acc_kernel, f"void({OUT_SIG}, float64[::1], int64)")])
 def regression_grad_atomic(loss, dw, db, w, b, x, y):
     """One thread per sample, ceil(n/256) blocks of 256; each thread does 3 atomic adds to the same 3
     addresses. The loads coalesce, but the atomics on one address are serialised in the L2 cache:
     predicted ~3n atomic operations at roughly one per clock per address, i.e. ~n ns, far below
-    the memory system's rate once n is large."""
-    zero3_kernel[1, 1](loss, dw, db)
-    regression_atomic_kernel[ceil_div(x.size, THREADS), THREADS](loss, dw, db, w, b, x, y)
+    the memory system's rate once n is large. The three sums are float64 (atomics on float64 exist since
+    sm_60): a float32 running sum of n terms rounds each small term against a large sum, and was 3 % off
+    at n = 2^24 on the H100 (error bound: :func:`atomic_error_bound`). A zeroing thread before, a
+    finishing thread after (scale by 1/n, round to float32 once)."""
+    acc = acc_buffer()
+    zero_acc_kernel[1, 1](acc)
+    regression_atomic_kernel[ceil_div(x.size, THREADS), THREADS](acc, w, b, x, y)
+    finish_acc_kernel[1, 1](loss, dw, db, acc, x.size)
 
 
 @cuda.jit
