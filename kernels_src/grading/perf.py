@@ -431,10 +431,11 @@ def _time_numpy(fn, outs, ins) -> float:
     return time.perf_counter() - t0
 
 
-def _cpu_copy_gbps(nbytes: int, runs: int) -> float:
+def _cpu_copy_gbps(nbytes: int, runs: int, state={}) -> float:  # noqa: B006  (the copy's arrays, kept)
     n = max(nbytes // 8, 1 << 20)  # float32 elements: copy n*4 bytes, read + written
-    src = np.random.default_rng(0).random(n, dtype=np.float32)
-    dst = np.empty_like(src)
+    if state.get("n") != n:
+        state.update(n=n, src=np.random.default_rng(0).random(n, dtype=np.float32), dst=np.empty(n, np.float32))
+    src, dst = state["src"], state["dst"]
     ts = []
     for _ in range(max(runs, 5)):
         _flush_cpu()
@@ -544,7 +545,7 @@ def precision_probe(op, inputs, refs, rtol, atol) -> list[str]:
             lows = parity.reference_outputs(op, low)
         except Exception:  # noqa: BLE001
             continue
-        if any(not parity.compare("p", lo.astype(np.float32), r, rtol, atol).ok for lo, r in zip(lows, refs)):
+        if any(not compare_output("p", lo.astype(np.float32), r, rtol, atol).ok for lo, r in zip(lows, refs)):
             told.append(name)
     return told
 
@@ -680,12 +681,14 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
         overhead = float(np.median(pings))
         total = WARMUP + spec.runs
         for r in range(total):
+            t_run = time.perf_counter()
             inputs = first if r == 0 else parity.as_tuple(op.make_inputs(size, dtype, rng))
             refs_r = refs if r == 0 else parity.reference_outputs(op, inputs)
             outs = parity.empty_outputs(refs_r, spec.dtype)
             if _layout(inputs, outs)[:2] != (ins_lay, outs_lay):
                 raise GraderError(f"perf question {spec.question}: op {spec.op} drew inputs of another shape")
             pad = int(rng.integers(64, 1 << 16)) * 64 + int(rng.integers(0, 64)) * 4
+            t_put = time.perf_counter()
             w.send(b"I", _put(region, ins_lay, outs_lay, inputs, outs, pad))
             tag, data = w.recv()
             if tag == b"E":
@@ -709,6 +712,7 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
             if tag != b"O":
                 return fail([f"run {r + 1}: no outputs came back"])
             got = [np.array(_region_view(region, lay)) for lay in outs_lay]  # copied out: checked as they were
+            t_check = time.perf_counter()
             for k, (g, ref) in enumerate(zip(got, refs_r)):
                 rep = compare_output(op.output_names[k] if k < len(op.output_names) else f"out{k}", g, ref,
                                      rtol, atol)
@@ -721,7 +725,9 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
             if problems:
                 return fail(problems + ["every timed run's outputs are checked, on new inputs each time: an output "
                                         "that is right only once (reused, cached, or finished later) earns nothing"])
-            _say(t_start, f"run {r + 1} of {total}: {(t1 - t0 - overhead) * 1e6:.1f} us, checked")
+            _say(t_start, f"run {r + 1} of {total}: {(t1 - t0 - overhead) * 1e6:.1f} us, checked (host: inputs and "
+                          f"reference before {t_put - t_run:.2f} s, to the worker and armed {t0 - t_put:.2f} s, "
+                          f"outputs back {t_check - t1:.2f} s, check {time.perf_counter() - t_check:.2f} s)")
             if r >= WARMUP:
                 times.append(max(t1 - t0 - overhead, 1e-9))
             if baseline is not None:
