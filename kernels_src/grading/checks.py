@@ -3,7 +3,7 @@
 A check is described by a :class:`CheckSpec` (which function, which op, which sizes, CPU or GPU). The
 judge draws fresh random inputs (the seed changes every run and is printed), computes the float64
 reference, and hands the student's code and the inputs, but never the reference, to a sandboxed child
-(:mod:`.sandbox`, :mod:`.worker`). Back in this process it compares the outputs with
+(:mod:`.sandbox`, :mod:`.child`). Back in this process it compares the outputs with
 :func:`kernels_src.parity.compare`, checks that the outputs were all written (the poison is a NaN with a
 payload, see :func:`kernels_src.parity.is_poison`), that the inputs came back unchanged, that the GPU
 answer launched the student's own kernel with no shared-memory race or divergent barrier, and that
@@ -775,7 +775,7 @@ def run_checks(specs: list, bundle: Bundle, seed: int | None = None) -> list:
         return everyone(False, lines, timed_out=res.status == "timeout")
     payload = res.payload
     if payload.get("load_errors") and payload.get("status") != "missing":
-        from .worker import load_error_lines
+        from .planrun import load_error_lines
 
         for r in reporters:
             r.load_notes += load_error_lines(payload["load_errors"])

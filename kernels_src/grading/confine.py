@@ -1,6 +1,6 @@
 """Confine a grading process before any student code runs: what Linux offers, used where it is available.
 
-Called first thing by the worker (``python -I <runtime>/kernels_src/grading/worker.py job.json``) and by the
+Called first thing by the sandboxed process (``python -I <runtime>/boot.py job.json``, :mod:`.child`) and by the
 otter child, while the process still runs the grader's own code only. In order:
 
 1. **No network**: a new, empty network namespace (needs root; skipped otherwise).

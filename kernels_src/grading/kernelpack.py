@@ -2,7 +2,7 @@
 in a process where no other code of the student ever ran.
 
 The student's notebook is loaded once, in a sandboxed process that never sees the hidden inputs (the *plan*
-run of :mod:`.worker`). There, :func:`describe` lists, for each function to grade and each notebook function
+run, :mod:`.planrun`). There, :func:`describe` lists, for each function to grade and each notebook function
 it calls, where it is defined, how it is compiled (``@cuda.jit``, device function, ``@njit`` and their
 options) and what each global name it reads is bound to, as plain data: a module, an attribute of an allowed
 module (``math.sqrt``, ``numba.float32``, ``cuda``), a number, or another such function.
@@ -243,7 +243,7 @@ def _object_problem(obj, dotted: str, gpu: bool, allow=()) -> str:
         return ""
     if isinstance(obj, NP_KERNEL_OK_TYPES):
         return ""
-    from .worker import FORBIDDEN_NUMPY, _NUMPY_FUNCS
+    from .shortcuts import FORBIDDEN_NUMPY, _NUMPY_FUNCS
 
     root = mod.split(".")[0]
     if root == "numpy" or dotted.split(".")[0] in ("np", "numpy"):

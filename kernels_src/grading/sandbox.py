@@ -39,7 +39,9 @@ _PASS_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PAT
 CONFINE = os.environ.get("KERNELS_GRADING_CONFINE", "1") != "0"  # 0: no uid change, Landlock or netns
 RUNTIME_FILES = ("target.py", "device.py", "simulator.py", "ptx.py", "compiler/__init__.py", "compiler/launch.py", "compiler/vec.py",
                  "compiler/cpubits.py", "compiler/inline_ptx.py", "compiler/halfbits.py", "compiler/sysflags.py",
-                 "grading/__init__.py", "grading/spec.py", "grading/worker.py", "grading/racecheck.py",
+                 "grading/__init__.py", "grading/spec.py", "grading/child.py", "grading/childio.py",
+                 "grading/planrun.py", "grading/shortcuts.py", "grading/replay.py", "grading/worker.py",
+                 "grading/racecheck.py",
                  "grading/sandbox.py", "grading/confine.py", "grading/kernelpack.py",
                  "grading/perfworker.py")
 RUNTIME_INIT = '''"""The grader's runtime copy of kernels_src: only what a sandboxed grading process needs (where kernels run,
@@ -56,7 +58,7 @@ except (OSError, ValueError, IndexError):
     _extra = []
 for _i, _p in enumerate(_extra):
     sys.path.insert(1 + _i, _p)
-from kernels_src.grading.worker import main
+from kernels_src.grading.child import main
 main()
 '''
 _runtime: str | None = None
