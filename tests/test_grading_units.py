@@ -156,3 +156,39 @@ def test_a_check_that_cannot_fail_is_refused():
             checks.build_cases(CheckSpec("cpu", "f", "_zeros"), exercise_ops.find_op("_zeros"), 0)
     finally:
         del exercise_ops.EXERCISE_OPS["_zeros"]
+
+
+# Rules stated in the prompts of chapters 15, 17, 18 and 21 ("np.argsort, np.bincount, np.sort,
+# sliding_window_view, np.array_split ... are not allowed"): enforced on what Numba compiled, not on the spelling.
+_SORTISH = {
+    "np.sort": "def f(out, x):\n    s = np.sort(x)\n    for i in range(out.size):\n        out[i] = s[i]\n",
+    "np.argsort (aliased)": "srt = np.argsort\ndef f(out, x):\n    s = srt(x)\n    for i in range(out.size):\n"
+                            "        out[i] = x[s[i]]\n",
+    "ndarray.sort()": "def f(out, x):\n    y = x.copy()\n    y.sort()\n    for i in range(out.size):\n        out[i] = y[i]\n",
+    "np.bincount": "def f(out, x):\n    c = np.bincount(x.astype(np.int64))\n    for i in range(out.size):\n"
+                   "        out[i] = c[i % c.size]\n",
+    "np.searchsorted": "def f(out, x):\n    for i in range(out.size):\n        out[i] = np.searchsorted(x, x[i])\n",
+    "np.array_split": "def f(out, x):\n    parts = np.array_split(x, 2)\n    for i in range(out.size):\n"
+                      "        out[i] = parts[0][0]\n",
+}
+
+
+@pytest.mark.parametrize("name", list(_SORTISH))
+def test_sorting_and_counting_in_compiled_code_are_shortcuts(name):
+    from numba import njit
+
+    from kernels_src.grading.shortcuts import compiled_problems, precompile
+
+    ns = {"np": np}
+    exec(_SORTISH[name], ns)  # noqa: S102  (test fixtures)
+    fn = njit(ns["f"])
+    x = np.arange(5, 0, -1).astype(np.float64)
+    out = np.zeros(5)
+    precompile(fn, [out, x])
+    found = compiled_problems(fn)
+    assert found, f"{name}: compiled code that sorts/counts/splits with NumPy was not flagged"
+    loop = njit(lambda out, x: None)  # the control: nothing of NumPy's
+    precompile(loop, [out, x])
+    assert compiled_problems(loop) == []
+    if name == "np.sort":
+        assert compiled_problems(fn, allow=("sort",)) == []  # an exercise may allow it (ch16's top-p)
