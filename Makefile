@@ -16,10 +16,10 @@ help:
 	@echo "make check   parity of every registered kernel against its float64 reference"
 	@echo "make exercises  regenerate exercises/ and the autograder (_build/autograder) from solutions/"
 	@echo "make platforms  check that PyPI has a wheel of every pin for macOS (python make.py platforms --help)"
-	@echo "No make (Windows)? python make.py book | test | lab does the same."
+	@echo "No make? python make.py book | test | lab does the same. Windows: use WSL2 (README, Windows: WSL2)."
 
-# make.py does the set-up, the book and the tests (the same commands without make, for Windows: `py make.py
-# book`); these targets call it, so the two spellings cannot drift apart. It installs the `all` extra with
+# make.py does the set-up, the book and the tests (the same commands without make: `python make.py book`);
+# these targets call it, so the two spellings cannot drift apart. It installs the `all` extra with
 # `pip install -c requirements.lock`, whose markers give each platform its set (macOS: no numba-cuda).
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) make.py venv
