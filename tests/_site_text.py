@@ -61,7 +61,7 @@ ROLE_NAMES = ("glue|glue:text|glue:md|glue:any|glue:figure|glue:math|term|ref|do
               "prf:[a-z]+")
 
 INLINE_RULES: tuple[tuple[str, re.Pattern], ...] = tuple((name, re.compile(rx)) for name, rx in (
-    ("backtick", r"`+"),
+    ("backtick", r"`[^`\n]{1,80}`|`+"),  # a code span that was not rendered counts once
     ("bold", r"\*\*|(?<![\w_])__(?=[^\s_])[^\n]*?(?<=[^\s_])__(?![\w_])"),
     ("italics", r"(?<![\w*\\])\*(?=[^\s*])[^*\n]*?(?<=[^\s*\\])\*(?![\w*])"),
     ("italics", r"(?<![\w_\\])_(?=[^\s_])[^_\n]*?(?<=[^\s_\\])_(?![\w_])"),

@@ -11,9 +11,14 @@ For every page it asserts:
 - no failed request and no HTTP error status;
 - no request leaves 127.0.0.1 (such requests are blocked and reported: the site must work offline);
 - every image has loaded (naturalWidth > 0);
-- MathJax typeset every math element, without a MathJax error, and no raw MyST role (`{glue:text}`)
-  or LaTeX (`$$`, `\\frac`) is left in the page's text outside code;
-- every widget snapshot rendered (a page with saved widget state shows rendered widget DOM);
+- MathJax typeset every math element, without a MathJax error;
+- no unrendered MyST, Markdown, HTML or LaTeX in the page's prose (backticks, `**bold**`, `*italics*`,
+  `[text](link)`, `{role}`, fences, `#` headings, `|---|` rows, tags or entities shown as text, `$$`):
+  `tests/_site_text.py` says exactly what counts as prose and what each rule allows; it runs on the DOM after
+  the page's scripts, and (without a browser, `test_page_prose_has_no_raw_markup`) on the built files;
+- no inert control: no saved Jupyter widget, widget DOM or form control in the page's content (a static
+  page has no kernel behind it; interactive figures are drawn as a still picture with a caption there,
+  `kernels_src/figures/controls.py`);
 - every internal link resolves (target file exists, and the #fragment exists in it);
 - a chapter (notebooks/) with code cells shows outputs, i.e. it was executed, and no cell shows an
   error unless it is tagged `raises-exception` (a deliberate demo of an error).
@@ -33,6 +38,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+
+from tests._site_text import inert_controls, raw_markup
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("KFS_SITE_DIR", ROOT / "_build" / "html")).resolve()
@@ -103,12 +110,9 @@ def _broken_link(href: str, base: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------------ test
 _WAIT_RENDERED = """() => {
-  const mathOk = !document.querySelector('.math') ||
+  return !document.querySelector('.math') ||
       (window.MathJax && MathJax.startup && MathJax.startup.document &&
        Array.from(document.querySelectorAll('.math')).every(e => e.querySelector('mjx-container')));
-  const views = document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]');
-  const widgetsOk = Array.from(views).every(s => s.parentElement.querySelector('.jupyter-widgets'));
-  return mathOk && widgetsOk;
 }"""
 
 _INSPECT = r"""async () => {
@@ -116,7 +120,6 @@ _INSPECT = r"""async () => {
   imgs.forEach(i => { i.loading = 'eager'; });
   await Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = i.onerror = r; })));
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
-  const views = Array.from(document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]'));
   return {
     badImages: imgs.filter(i => !i.complete || i.naturalWidth === 0).map(i => i.getAttribute('src')),
     mathCount: document.querySelectorAll('.math').length,
@@ -124,20 +127,7 @@ _INSPECT = r"""async () => {
         .filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 80)),
     mathErrors: Array.from(document.querySelectorAll('mjx-merror'))
         .map(e => (e.getAttribute('data-mjx-error') || e.textContent).slice(0, 120)),
-    hasWidgetState: !!document.querySelector('script[type="application/vnd.jupyter.widget-state+json"]'),
-    widgetViews: views.length,
-    widgetsUnrendered: views.filter(s => !s.parentElement.querySelector('.jupyter-widgets'))
-        .map(s => s.textContent.slice(0, 120)),
-    widgetErrors: Array.from(document.querySelectorAll('.jupyter-widgets .widget-error, .jupyter-widgets-error-widget'))
-        .map(e => e.textContent.slice(0, 120)),
-    rawMarkup: (() => {
-      const art = document.querySelector('article') || document.body;
-      const copy = art.cloneNode(true);
-      copy.querySelectorAll('pre, code, script, style, mjx-container, .highlight').forEach(e => e.remove());
-      const text = copy.textContent;
-      const re = /\{(glue|glue:text|glue:md|term|ref|doc|numref|eq|math|cite)\}|\{glue:[a-z]+\}|\$\$|\\(frac|sum|mathrm|text|left|right)\b/g;
-      return Array.from(text.matchAll(re)).map(m => text.slice(Math.max(0, m.index - 40), m.index + 40).replace(/\s+/g, ' '));
-    })(),
+    html: document.documentElement.outerHTML,
     untaggedTracebacks: Array.from(document.querySelectorAll('.cell:not(.tag_raises-exception) .output.traceback'))
         .map(e => (e.querySelector('pre') || e).textContent.trim().split(String.fromCharCode(10)).pop().slice(0, 160)),
     codeCells: document.querySelectorAll('.cell .cell_input').length,
@@ -184,11 +174,8 @@ def test_page(page, site_url, browser):
         problems += [f"image did not load: {s}" for s in info["badImages"]]
         problems += [f"math not typeset by MathJax: {t!r}" for t in info["mathUntypeset"]]
         problems += [f"MathJax error: {t!r}" for t in info["mathErrors"]]
-        if info["hasWidgetState"] and info["widgetViews"] == 0:
-            problems.append("page has saved widget state but no widget view")
-        problems += [f"widget snapshot not rendered: {t}" for t in info["widgetsUnrendered"]]
-        problems += [f"widget error: {t!r}" for t in info["widgetErrors"]]
-        problems += [f"unrendered MyST/LaTeX markup in the page text: ...{t}..." for t in info["rawMarkup"]]
+        problems += [f"inert control (drawn, does nothing on a static page): {t}" for t in inert_controls(info["html"])]
+        problems += [f"unrendered markup in the page text: {t}" for t in raw_markup(info["html"])]
         problems += [f"a cell shows an error and is not tagged raises-exception: {t}" for t in info["untaggedTracebacks"]]
         if page.startswith("notebooks/") and info["codeCells"] and not info["cellOutputs"]:
             problems.append(f"chapter has {info['codeCells']} code cells and no output: was it executed?")
@@ -206,6 +193,18 @@ def test_page(page, site_url, browser):
         p.screenshot(path=str(SHOTS / (page.replace("/", "__").removesuffix(".html") + ".png")), full_page=True)
     finally:
         context.close()
+    assert not problems, f"{page}:\n  " + "\n  ".join(problems)
+
+
+# ------------------------------------------------------------------------- the built files, without a browser
+@pytest.mark.parametrize("page", PAGES or ["<no built site>"])
+def test_page_prose_has_no_raw_markup(page):
+    """The raw-markup and inert-control checks of `test_page`, on the built HTML file as written by the book
+    build (no browser needed, so it runs where Chromium is missing)."""
+    assert PAGES, f"no pages found under {SITE}: run `make book` first"
+    text = (SITE / page).read_text(encoding="utf-8")
+    problems = [f"unrendered markup in the page text: {t}" for t in raw_markup(text)]
+    problems += [f"inert control (drawn, does nothing on a static page): {t}" for t in inert_controls(text)]
     assert not problems, f"{page}:\n  " + "\n  ".join(problems)
 
 
