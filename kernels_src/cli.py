@@ -10,6 +10,7 @@
     kernels cpuboard [--ops a,b] [--again]  every op's best CPU rung against torch (CPU) and NumPy, one run
     kernels asm OP [--variants a,b] [--json FILE]
                                            SIMD instructions in each CPU rung's machine code (did it vectorize?)
+    kernels submit exercises/ch01_axpy.md   write submissions/ch01_axpy.ipynb, the file to hand in (and to grade)
     kernels collectives sweep [--sizes 8B..1GiB] [--impl nccl,ring,oneshot] [--json FILE]
                                            all-reduce bus bandwidth across GPUs (needs 2 GPUs)
 
@@ -189,6 +190,9 @@ def build_parser() -> Parser:
     from .tools import train_dp
 
     train_dp.add_parser(sub)  # train-dp: the capstone data-parallel (chapter 21)
+    from .tools import submit
+
+    submit.add_parser(sub)  # kernels submit exercises/chNN_slug.md: the .ipynb to hand in
     from .dist import sweep as collectives
 
     collectives.add_parser(sub)  # kernels collectives sweep: all-reduce across GPUs (course ring, one-shot, NCCL)

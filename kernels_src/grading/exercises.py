@@ -46,6 +46,16 @@ INIT_CELL = '''# Initialize Otter: grader.check("q1") runs the visible checks of
 import otter
 
 grader = otter.Notebook(tests_dir="tests/{slug}")'''
+# The end of every student notebook: how to hand it in (kernels_src/tools/submit.py; `kernels submit` in a terminal).
+SUBMIT_TEXT = """## Hand it in
+
+Save the notebook (*File, Save Notebook*, or Ctrl+S), then run the cell below. It writes
+`submissions/{slug}.ipynb` at the top of the course folder: the file to upload to Gradescope, and the one
+`kernels grade submissions/ --exercise {slug}` grades here. It refuses, with one line, if the saved file does
+not hold the answers you ran. In a terminal, `kernels submit exercises/{slug}.md` does the same."""
+SUBMIT_CELL = '''from kernels_src.tools.submit import submit
+
+submit("{slug}.md")'''
 
 
 def masters(names=None) -> list[Path]:
@@ -114,6 +124,10 @@ def generate_one(master: Path, exercises_dir: Path, build_dir: Path, *, zip_: bo
             os.chdir(cwd)
         student = nbformat.read(tmp / "dist" / "student" / f"{slug}.ipynb", as_version=4)
         student = _clean_notebook(student, slug)
+        student.cells += [nbformat.v4.new_markdown_cell(SUBMIT_TEXT.format(slug=slug)),
+                          nbformat.v4.new_code_cell(SUBMIT_CELL.format(slug=slug))]
+        for cell in student.cells[-2:]:
+            cell.pop("id", None)
         text = jupytext.writes(student, fmt="md:myst")
         exercises_dir.mkdir(parents=True, exist_ok=True)
         out_md = exercises_dir / f"{slug}.md"
