@@ -33,7 +33,7 @@ def prose(text: str) -> str:
                 continue
             if skip or s.startswith(("|", "<", "+++", "(", "#", "![", ":")):
                 continue
-            s = re.sub(r"\{glue[a-z:]*\}`[^`]*`", "", s)  # glued numbers: left out
+            s = re.sub(r"\{(?:glue[a-z:]*|eval)\}`[^`]*`", "", s)  # computed numbers: left out
             s = re.sub(r"\{[a-z:]+\}`([^`<]*)(<[^`]*>)?`", r"\1", s)  # {term}`warp` -> warp
             s = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", s)  # [text](link) -> text
             s = re.sub(r"[`*_$]", "", s)
