@@ -92,7 +92,16 @@ def _activation_roofline():
     return rowwise.activation_roofline(acts, title="chapter 6")[0].figure
 
 
-FIGURES = {"course_map": _course_map, "byte_layout": _byte_layout, "error_model": _error_model,
+def _moe_load():
+    from kernels_src.figures import moe
+
+    res = moe.load()
+    if res is None:
+        pytest.skip("no committed MoE training run to draw")
+    return moe.plot_load(res)
+
+
+FIGURES = {"course_map": _course_map, "moe_load": _moe_load, "byte_layout": _byte_layout, "error_model": _error_model,
            "gelu_approx": _gelu_approx, "activation_roofline": _activation_roofline,
            "roofline_attention": _roofline("attention", (4, 16, 16, 2048, 2048, 64, 0)),
            "roofline_softmax": _roofline("softmax"), "roofline_gemv": _roofline("gemv")}

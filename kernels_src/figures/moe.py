@@ -43,19 +43,21 @@ def plot_load(res: dict):
     import matplotlib.pyplot as plt
 
     runs = res["runs"]
-    fig, axs = plt.subplots(len(runs), 3, figsize=(10, 2.6 * len(runs)), squeeze=False)
+    # 8.4 in: shown at about 0.9 of its size; titles on two lines and the legend below, never over the shares
+    fig, axs = plt.subplots(len(runs), 3, figsize=(8.4, 3.0 * len(runs) + 0.5), squeeze=False)
     for row, run in zip(axs, runs):
         load = np.array(run["load"], float)
         for i in range(load.shape[0]):
             share = load[i] / load[i].sum(axis=1, keepdims=True)
             row[i].stackplot(np.arange(share.shape[0]), share.T, labels=[f"expert {e}" for e in range(share.shape[1])])
-            row[i].set_title(f"layer {i}, load-balancing weight {run['aux_lb']}: share of slots", fontsize=8)
+            row[i].set_title(f"layer {i}, load-balancing\nweight {run['aux_lb']}: share of slots", fontsize=9)
             row[i].set_xlabel("step")
         row[2].plot(run["loss"])
-        row[2].set_title(f"training loss (with the weighted aux loss), weight {run['aux_lb']}", fontsize=8)
+        row[2].set_title(f"training loss (with the\nweighted aux loss), weight {run['aux_lb']}", fontsize=9)
         row[2].set_xlabel("step")
-    axs[0][0].legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
+    handles, labels = axs[0][0].get_legend_handles_labels()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
     return fig
 
 
