@@ -110,6 +110,33 @@ def test_every_marker_in_a_failed_report_is_explained():
     assert "poison" in legend and "tolerance" in legend and "zeros, -0.0" in legend
 
 
+# Every code or marker a failed report can show, as the grader writes it (from real reports), with the words its
+# legend line must use: issue 28 asks that each be explained in the feedback itself.
+_MARKERS = {
+    "raised IndexError: tid=[1, 0, 0] ctaid=[0, 0, 0]: index 1 is out of bounds": "threadIdx",
+    "the process running your code died (while running `axpy_gpu` on decoy inputs (n=1)): SIGSEGV": "random draws",
+    "the process running your code died: SIGKILL": "signal",
+    "`axpy_kernel` does not compile to PTX for the H100 (sm_90) with signature void(float32[::1])": "H100",
+    "`out`: the output was written on the host (1 element(s), with values computed from the inputs)": "launcher",
+    "shared-memory race (2 conflicting access(es)) found by the race detector": "read-after-write",
+    "your code did not finish within 60 s": "time limit",
+    "the grader failed on this check (not your fault; tell your instructor)": "grader itself",
+}
+
+
+@pytest.mark.parametrize("text", list(_MARKERS))
+def test_each_code_a_report_shows_is_explained(text):
+    legend = " ".join(checks.legend_lines(text))
+    assert _MARKERS[text] in legend, (text, legend)
+
+
+def test_the_nan_hint_is_one_whole_sentence():
+    x = np.array([1.0, 2.0])
+    hint = checks.nan_hint(CheckSpec("cpu", "f", "axpy", args=("out", "x")), np.array([np.nan, 1.0]),
+                           np.array([1.0, 1.0]), np.array([True, False]), (x,), True)
+    assert hint.endswith("poison value.)"), hint
+
+
 def test_plan_mode_records_specs_without_running():
     with collect_plan() as specs:
         check_cpu("axpy_cpu", op="axpy", sizes=[1, 7], hidden=True)

@@ -234,8 +234,8 @@ def nan_hint(spec, got, ref, produced, inputs, elementwise) -> str:
     else:
         why = ("the inputs here are ordinary numbers, so the NaN was made by your code: memory read before it was "
                "written (np.empty, cuda.shared.array), or 0/0 / sqrt of a negative number")
-    return head + ". Likely cause: " + why + ". (Elements never written are reported separately: they still "
-    "hold the grader's poison value.)"
+    return (head + ". Likely cause: " + why + ". (Elements never written are reported separately: they still "
+            "hold the grader's poison value.)")
 
 
 LEGEND = {
@@ -253,6 +253,14 @@ LEGEND = {
     "died": "\"died\" (SIGSEGV, SIGKILL, SIGABRT, ...): the process running your code ended by a signal; the name says "
             "which",
     "not your fault": "\"not your fault\": the grader itself failed (status error); tell your instructor",
+    "tid": "\"tid=[x, y, z] ctaid=[x, y, z]\": the simulator's name for the thread that raised: tid is its "
+           "cuda.threadIdx, ctaid its cuda.blockIdx",
+    "decoy": "\"decoy inputs\": two other random draws of the inputs (same shapes) on which the grader calls your "
+             "launcher to record what it launches; your kernels then run on the real inputs, launched by the grader",
+    "ptx": "\"PTX (sm_90)\": the grader compiles your kernel for the H100 GPU (compute capability 9.0) with the "
+           "argument types it ran with; the simulator alone accepts code a GPU cannot compile",
+    "host": "\"written on the host\": the launcher (Python on the CPU), not a thread of your kernel, stored that "
+            "element: a copy_to_device, `out[...] = ...` or NumPy on the data",
 }
 
 
@@ -261,7 +269,8 @@ def legend_lines(text: str) -> list[str]:
     keys = {"never written": "<- never written (still", "never written?": "never written?",
             "edge values": "edge values: FAILED", "rtol": "allowed: |err|", "race": "race (",
             "did not finish": "did not finish within", "died": "process running your code died",
-            "not your fault": "not your fault"}
+            "not your fault": "not your fault", "tid": "ctaid=", "decoy": "decoy input", "ptx": "PTX",
+            "host": "written on the host"}
     return [LEGEND[k] for k, needle in keys.items() if needle in text and LEGEND.get(k)]
 
 
