@@ -116,7 +116,7 @@ _MARKERS = {
     "raised IndexError: tid=[1, 0, 0] ctaid=[0, 0, 0]: index 1 is out of bounds": "threadIdx",
     "the process running your code died (while running `axpy_gpu` on decoy inputs (n=1)): SIGSEGV": "random draws",
     "the process running your code died: SIGKILL": "signal",
-    "`axpy_kernel` does not compile to PTX for the H100 (sm_90) with signature void(float32[::1])": "H100",
+    "`axpy_kernel` runs in the simulator but does not compile for a real GPU (sm_90) with signature void(float32[::1])": "H100",
     "`out`: the output was written on the host (1 element(s), with values computed from the inputs)": "launcher",
     "shared-memory race (2 conflicting access(es)) found by the race detector": "read-after-write",
     "your code did not finish within 60 s": "time limit",

@@ -269,7 +269,7 @@ def legend_lines(text: str) -> list[str]:
     keys = {"never written": "<- never written (still", "never written?": "never written?",
             "edge values": "edge values: FAILED", "rtol": "allowed: |err|", "race": "race (",
             "did not finish": "did not finish within", "died": "process running your code died",
-            "not your fault": "not your fault", "tid": "ctaid=", "decoy": "decoy input", "ptx": "PTX",
+            "not your fault": "not your fault", "tid": "ctaid=", "decoy": "decoy input", "ptx": "sm_90",
             "host": "written on the host"}
     return [LEGEND[k] for k, needle in keys.items() if needle in text and LEGEND.get(k)]
 
