@@ -12,7 +12,7 @@ import pytest
 import kernels_src
 from kernels_src import device, parity
 from kernels_src.grading.exercise_ops import EDGE_INPUTS
-from kernels_src.ops import norms
+from kernels_src.ops import norms, norms_bwd, norms_fwd
 from kernels_src.ops import reductions as red
 from kernels_src.registry import Variant
 
@@ -133,7 +133,7 @@ def test_several_rows_per_block(name, monkeypatch):
         pytest.skip(device.REASON)
     fam = "ln" if name == "layernorm" else "rms"
     monkeypatch.setitem(norms.ROWS, fam, 2)
-    monkeypatch.setattr(norms, "ROWS_IN_SIM", True)
+    monkeypatch.setattr(norms_fwd, "ROWS_IN_SIM", True)
     op = kernels_src.get_op(name)
     v = kernels_src.get_variant(f"{name}/gpu/regs")
     for size in ((1, 1), (3, 7), (5, 33)):  # an odd M leaves the last block one row short
@@ -155,11 +155,11 @@ def test_backward_long_row_fallback(name, monkeypatch):
     raising. A small forced threshold sends the simulator's short rows down that path."""
     if not device.GPU_VARIANTS_RUN:
         pytest.skip(device.REASON)
-    monkeypatch.setattr(norms, "BWD_REG_MAX_N", 8)
+    monkeypatch.setattr(norms_bwd, "BWD_REG_MAX_N", 8)
     op = kernels_src.get_op(name)
     calls = []
-    real = norms._bwd_stream
-    monkeypatch.setattr(norms, "_bwd_stream", lambda *a: (calls.append(a[0]), real(*a))[1])
+    real = norms_bwd._bwd_stream
+    monkeypatch.setattr(norms_bwd, "_bwd_stream", lambda *a: (calls.append(a[0]), real(*a))[1])
     for vname in ("regs", "vec4"):
         v = kernels_src.get_variant(f"{name}/gpu/{vname}")
         for size in ((3, 7), (4, 33), (2, 36)):
@@ -183,7 +183,7 @@ def test_vec4_several_rows_per_block(name, monkeypatch):
         pytest.skip(device.REASON)
     fam = "ln" if name == "layernorm" else "rms"
     monkeypatch.setitem(norms.VEC_ROWS, fam, 2)
-    monkeypatch.setattr(norms, "ROWS_IN_SIM", True)
+    monkeypatch.setattr(norms_fwd, "ROWS_IN_SIM", True)
     op = kernels_src.get_op(name)
     v = kernels_src.get_variant(f"{name}/gpu/vec4")
     for size in ((1, 1), (3, 7), (3, 36)):
