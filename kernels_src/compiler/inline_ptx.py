@@ -118,6 +118,7 @@ The intrinsics (each an ``@intrinsic`` emitting llvmlite ``InlineAsm``; in the s
     x = to_tf32(x)              # cvt.rna.tf32.f32: round to TF32 (10 mantissa bits), nearest, ties away
     w = pack_f16x2(lo, hi)      # cvt.rn.f16x2.f32: two floats -> one uint32 of two fp16 (lo in bits 0-15)
     w = pack_bf16x2(lo, hi)     # cvt.rn.bf16x2.f32: the same in bf16
+    y = exp2_approx(x)          # ex2.approx.ftz.f32: 2^x on the SFU, one instruction (flash attention's exp)
 
 Rounding. A TF32 operand is a float32 with its low 13 mantissa bits ignored: the tensor core reads the top 19
 bits, so an unrounded float is truncated; ``to_tf32`` rounds to nearest first (what cuBLAS does), which
@@ -274,12 +275,15 @@ if _target.SIMULATED:
     def pack_bf16x2(lo, hi):
         return _np.uint32(_bf16_bits(lo) | (_bf16_bits(hi) << 16))
 
+    def exp2_approx(x):
+        return _np.float32(2.0 ** float(x))  # 2^-inf = 0, as ex2.approx gives
+
 elif _MLIR:
     def _no_inline_asm(*args):
         raise NotImplementedError("tensor-core intrinsics need inline PTX, which numba-cuda-mlir 0.6 does not have "
                                   "(see kernels_src.compiler.MLIR_GAPS)")
 
-    mma_tf32 = mma_f16 = mma_bf16 = to_tf32 = pack_f16x2 = pack_bf16x2 = _no_inline_asm
+    mma_tf32 = mma_f16 = mma_bf16 = to_tf32 = pack_f16x2 = pack_bf16x2 = exp2_approx = _no_inline_asm
 
 else:
     _MMA_PTX = {
@@ -356,3 +360,16 @@ else:
         return intrinsic(typer)
 
     pack_f16x2, pack_bf16x2 = _make_pack("f16"), _make_pack("bf16")
+
+    @intrinsic
+    def exp2_approx(typingctx, x):
+        """2^x by the SFU: ``ex2.approx.ftz.f32`` (max relative error ~2^-22; 2^-inf = 0; subnormals flushed)."""
+        if not isinstance(x, types.Float):
+            return None
+
+        def codegen(context, builder, sig, args):
+            v = context.cast(builder, args[0], sig.args[0], types.float32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.FloatType(), [ir.FloatType()]), "ex2.approx.ftz.f32 $0, $1;", "=f,f")
+            return builder.call(asm, [v])
+
+        return types.float32(x), codegen
