@@ -42,7 +42,7 @@ MLIR_GAPS = {
     "scan_exclusive/gpu/lookback": "cuda.threadfence has no lowering in numba-cuda-mlir 0.6 (NotImplementedError)",
     **{f"{op}/gpu/{v}": "mma.sync needs inline PTX, which numba-cuda-mlir 0.6 does not have"
        for op in ("gemm_tf32", "gemm_f16", "gemm_bf16")
-       for v in ("mma_warp", "mma_smem", "mma_dbuf", "mma_wide", "mma_wide256")},
+       for v in ("mma_warp", "mma_smem", "mma_dbuf", "mma_wide", "mma_wide256", "mma_occ")},
     **{f"{op}/gpu/{v}": "mma.sync needs inline PTX, which numba-cuda-mlir 0.6 does not have"
        for op in ("attention_f16", "attention_bf16")
        for v in ("mma_smem", "mma_shfl", "mma_swz", "mma_dbuf", "mma_br128", "mma_ex2")},

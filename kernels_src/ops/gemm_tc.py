@@ -31,6 +31,7 @@ Ladder (each rung changes one thing)
                              base + constant, fragments read 16 bytes at a time (k reordered inside a tile),
                              64 x 64 warp tiles (4 warps, 2 blocks per SM), an unguarded loop for inner blocks
   gpu/mma_wide256  rung 5    rung 4 with 128 x 256 block tiles (8 warps, one block per SM)
+  gpu/mma_occ      rung 6    rung 4 with 64 x 32 warp tiles (8 warps, <= 128 registers, 16 warps per SM)
 
 Rounding: A and B are rounded to TF32 (``to_tf32``, nearest, ties away) once, when they are stored to shared
 memory; FP16/BF16 inputs are already in their format. Tolerances: :func:`tc_tol`.
@@ -826,6 +827,7 @@ def _sig(fmt, n):
 
 
 WIDE256 = dict(BN=256, minblocks=1)  # rung 5: 128 x 256 blocks of 8 warps, one block per SM
+OCC = dict(WN=32, minblocks=2)  # rung 6: 64 x 32 warp tiles, 8 warps, <= 128 registers, two blocks per SM
 
 
 def _register_gpu(fmt):
@@ -875,6 +877,17 @@ def _register_gpu(fmt):
         8 warps instead of 2 x 4 share one barrier per tile. Predicted: 10-20 % over rung 4 if the loads were the
         limit, nothing if the mma issue rate is (the ncu profile of rung 4 says which)."""
     register(op, "gpu", "mma_wide256", rung=5, ptx=[(make_wide_kernel(fmt, **WIDE256), _sig(fmt, 4))])(r5)
+
+    def r6(C, A, B):
+        launch_wide(fmt, C, A, B, **OCC)
+
+    r6.__doc__ = """Rung 4 with 64 x 32 warp tiles (8 warps per 128 x 128 block) and at most 128 registers, so that two
+        blocks, 16 warps, share an SM (rung 4: 8 warps, 240 registers). ncu on rung 4: the tensor pipe busy 39 %
+        of the time, the issue slots 20 %, the warps stalled on fixed-latency dependencies (wait), on global
+        and shared loads (long and short scoreboard); with 8 warps per SM nothing else is ready to issue. Twice
+        the warps hide twice the latency, at the price of more shared loads per mma (an A fragment now feeds 4
+        mma instead of 8). Predicted: 1.2-1.5x rung 4 if latency is the limit."""
+    register(op, "gpu", "mma_occ", rung=6, ptx=[(make_wide_kernel(fmt, **OCC), _sig(fmt, 4))])(r6)
 
 
 for _f in KINDS:
