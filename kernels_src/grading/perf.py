@@ -30,7 +30,13 @@ in a sandboxed worker (:mod:`.perfworker`) rebuilt from its ``def`` text, and on
 - caches flushed before every run (a sweep larger than the last-level cache on a CPU, twice the L2 on a GPU);
 - the clock is the grader's: it starts when the grader sends "go" and stops when the worker says "done",
   which the worker's own code says only after the function returned and (GPU) ``cuda.synchronize()``
-  waited for every stream of the context; the cost of that exchange is measured (pings) and subtracted;
+  waited for every stream of the context; the cost of that exchange is measured (pings) and subtracted.
+  On a real GPU the time scored is the device's: CUDA events that the worker's runtime records around the
+  replayed launches (behind a spinning kernel, as the course's benchmarks do). No Python of the student's
+  runs in that process (the launches are replayed from the plan run), only the student's kernels, on the
+  GPU, which can reach neither the events nor the pipes; and an event time outside the grader's own wall
+  clock for the run is refused. (The wall clock alone carried ~0.7 ms of wake-ups and launch overhead on an
+  H100, 5x a 32 M-element axpy's 0.15 ms.);
 - a physical floor: a time below bytes / (measured copy bandwidth x margin), or below bytes / the
   datasheet bandwidth (GPU), or below FLOPs / the cores' peak (CPU), is rejected;
 - precision: the inputs are checked, once per question, to be such that the op computed from inputs
@@ -459,8 +465,8 @@ def have_torch() -> bool:
 
 
 def measure_cublas(size, repeat: int = 10) -> dict:
-    """cuBLAS SGEMM (through torch, TF32 off) on ``size`` = (M, N, K), timed as the student's kernel is: the
-    wall clock from the call to the end of ``synchronize``, the L2 flushed before each call, the median.
+    """cuBLAS SGEMM (through torch, TF32 off) on ``size`` = (M, N, K), timed as the student's kernel is: CUDA
+    events around the call, recorded behind a spinning kernel, the L2 flushed before each call, the median.
     (Replaced in the harness's simulator tests.)"""
     import torch
 
@@ -473,22 +479,12 @@ def measure_cublas(size, repeat: int = 10) -> dict:
         a = torch.randn(M, K, device="cuda", dtype=torch.float32)
         b = torch.randn(K, N, device="cuda", dtype=torch.float32)
         c = torch.empty(M, N, device="cuda", dtype=torch.float32)
-        for _ in range(3):
-            torch.matmul(a, b, out=c)
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(repeat):
-            bench.flush_l2()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            torch.matmul(a, b, out=c)
-            torch.cuda.synchronize()
-            ts.append(time.perf_counter() - t0)
+        ts = bench.time_gpu(lambda: torch.matmul(a, b, out=c), [()], warmup=3, repeat=repeat, flush=True)
         t = float(np.median(ts))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
     return {"seconds": t, "what": f"cuBLAS SGEMM via torch {torch.__version__} (TF32 off), {M}x{N}x{K}, "
-            f"median of {repeat}, L2 flushed, timed like yours (call to synchronize)"}
+            f"median of {repeat}, L2 flushed, CUDA events, as yours"}
 
 
 def _other_scalar(v):
@@ -658,7 +654,7 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
             "flush_bytes": (2 * _l2_bytes() if mode == "gpu" else 4096) if spec.kind == "gpu" else 64 << 20}
     wmode = os.environ.get("KERNELS_PERF_WORKER_DEVICE") or mode  # "sim": the harness's own test of the GPU path
     w = _Worker(wjob, bundle.source, wmode if spec.kind == "gpu" else "sim", plan_files, timeout, memory)
-    times, base_times, problems = [], [], []
+    times, walls, base_times, problems = [], [], [], []
     baseline = NUMPY_BASELINES.get(spec.op) if spec.kind == "cpu" else None
     if spec.kind == "cpu" and baseline is None:
         w.close()
@@ -708,6 +704,12 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
                              + (f" at {info['where']}" if info.get("where") else "")])
             if tag != b"D":
                 return fail([f"run {r + 1}: the process running your code stopped: {w.tail()}"])
+            wall = max(t1 - t0 - overhead, 1e-9)
+            dev = (json.loads(data) if data else {}).get("device_s")
+            if dev is not None and not 0 < dev <= wall + 2 * overhead + 20e-6:
+                return fail([f"run {r + 1}: the device time ({dev * 1e6:.1f} us) is not inside the grader's wall "
+                             f"clock ({wall * 1e6:.1f} us): the grader's fault, tell your instructor"], status="error")
+            t_run = wall if dev is None else dev
             tag, data = w.recv()
             if tag != b"O":
                 return fail([f"run {r + 1}: no outputs came back"])
@@ -725,11 +727,13 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
             if problems:
                 return fail(problems + ["every timed run's outputs are checked, on new inputs each time: an output "
                                         "that is right only once (reused, cached, or finished later) earns nothing"])
-            _say(t_start, f"run {r + 1} of {total}: {(t1 - t0 - overhead) * 1e6:.1f} us, checked (host: inputs and "
+            _say(t_start, f"run {r + 1} of {total}: {t_run * 1e6:.1f} us ({'device' if dev is not None else 'wall'}"
+                          f"; wall {wall * 1e6:.1f} us), checked (host: inputs and "
                           f"reference before {t_put - t_run:.2f} s, to the worker and armed {t0 - t_put:.2f} s, "
                           f"outputs back {t_check - t1:.2f} s, check {time.perf_counter() - t_check:.2f} s)")
             if r >= WARMUP:
-                times.append(max(t1 - t0 - overhead, 1e-9))
+                times.append(t_run)
+                walls.append(wall)
             if baseline is not None:
                 bouts = parity.empty_outputs(refs_r, spec.dtype)
                 # NumPy's best (each call after a cache flush): an ideal that is too slow would over-credit
@@ -777,7 +781,8 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
         floor, why = physical_floor(nbytes, flops, copy_gbps=copy_gbps, margin=CPU_FLOOR_MARGIN, peak_flops=peak)
         what = f"NumPy's time for the same op and inputs, measured in this run ({tb * 1e3:.3g} ms)"
     v.details = {"copy_gbps": copy_gbps, "floor_s": floor, "floor": why, "overhead_s": overhead,
-                 "times_s": times, "baseline_times_s": base_times, "bytes": nbytes, "flops": flops,
+                 "times_s": times, "wall_s": walls,
+                 "clock": "device (CUDA events)" if walls and times != walls else "wall (the grader's)", "baseline_times_s": base_times, "bytes": nbytes, "flops": flops,
                  "precisions_rejected": told}
     if t < floor:
         v.fraction = None
@@ -794,7 +799,9 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
         f"on {v.device}",
         f"  ideal: {what}",
         f"  roofline: {v.roofline:.0%} of {nbytes / 1e6:.3g} MB at the copy bandwidth ({copy_gbps:.0f} GB/s)",
-        "  every run: fresh inputs, poisoned outputs checked, caches flushed, timed by the grader",
+        "  every run: fresh inputs, poisoned outputs checked, caches flushed, timed by the grader"
+        + (f" (device time: CUDA events around your launches, inside the grader's wall clock, median "
+           f"{float(np.median(walls)) * 1e3:.4g} ms)" if v.details["clock"].startswith("device") else ""),
     ])
     return v
 

@@ -28,6 +28,7 @@ import json
 import os
 import struct
 import sys
+import time
 
 _HDR = struct.Struct("<cQ")
 _SWEEP = """
@@ -35,6 +36,11 @@ def _sweep(buf, v, out):
     i = cuda.grid(1)
     if i < buf.size and buf[i] == v:  # never true (buf holds zeros, v < 0): the reads cannot be dropped
         out[0] = v
+
+
+def _spin(n):  # one thread asleep for about n microseconds: the launches queued next wait behind it
+    for _ in range(n):
+        cuda.nanosleep(1000)
 """
 
 
@@ -106,6 +112,13 @@ def perf_job(job, where, result) -> None:
         glb = {"cuda": cuda}  # a global, not a closure: the simulator swaps a kernel's global `cuda`
         exec(_SWEEP, glb)
         _sweep = cuda.jit(glb["_sweep"])
+        # a real GPU: the runs' device time from CUDA events around the replayed launches (the start event
+        # recorded behind a spinning kernel, so the host's time to queue the launches is not counted)
+        events = not device.SIMULATED
+        if events:
+            _spin = cuda.jit(glb["_spin"])
+            _spin[1, 1](1)
+            ev0, ev1 = cuda.event(), cuda.event()
         _sweep[device.ceil_div(flush_buf.size, 256), 256](flush_buf, np.float32(-1.0), flush_out)
         cuda.synchronize()
     else:
@@ -114,6 +127,7 @@ def perf_job(job, where, result) -> None:
     _send(ctl, b"R")
     region = _receive_region(int(job["shm_sock"]))
     checked = False
+    host_us = 200.0  # the host's time to queue the replay, from the previous run
     cache: dict = {}
     alive: list = []  # the previous run's arrays stay allocated while the next ones are made: fresh addresses
     n = 0
@@ -179,13 +193,24 @@ def perf_job(job, where, result) -> None:
         tag, _ = _recv(stdin)
         if tag != b"G":
             break
+        timing = {}
         try:
             if gpu:
+                if events:
+                    _spin[1, 1](int(min(1.5 * host_us + 50, 50_000)))
+                    ev0.record()
+                h0 = time.perf_counter()
                 _replay_gpu(made, job["plan"], real, plan_arrays, cache)
+                host_us = (time.perf_counter() - h0) * 1e6
+                if events:
+                    ev1.record()
                 cuda.synchronize()  # every stream of the context: work left running counts, or fails
+                if events:
+                    timing["device_s"] = cuda.event_elapsed_time(ev0, ev1) / 1e3
+                timing["queue_s"] = host_us / 1e6
             else:
                 fn(*outs, *ins)
-            _send(ctl, b"D")
+            _send(ctl, b"D", json.dumps(timing).encode())
         except BaseException as e:  # noqa: BLE001
             info = _exc_info(e, where)
             _send(ctl, b"E", json.dumps(info).encode())
