@@ -12,6 +12,9 @@ and nothing the student types or JupyterLab saves can reach the repository's fil
    uninitialized memory;
 4. the master's answers (from solutions/ch01_axpy.md) are typed into the answer cells through JupyterLab's
    editor, Run All Cells again, and both visible checks pass.
+5. the exercise's last cell ("Hand it in") refused, during that Run All, the answers typed but not saved;
+   File > Save (Ctrl+S), run it again: it writes ``submissions/ch01_axpy.ipynb`` beside ``exercises/``, and
+   ``kernels grade`` gives that file full marks.
 
 Screenshots of each step go to `_build/screenshots/lab/` (look at them: a passing test can still look
 wrong). The browser is the ``browser`` fixture (tests/_browser.py): without one the test is skipped with one
@@ -192,6 +195,47 @@ def _type_answer(page, index: int, code: str) -> None:
     page.keyboard.press("Escape")  # leave edit mode
 
 
+def _run_cell(page, index: int) -> list[dict]:
+    """Run one code cell (click into it, Shift+Enter) and return the cells once it has run."""
+    before = _cells(page)[index]["prompt"]
+    editor = _code_cell(page, index).locator(".cm-content")
+    editor.scroll_into_view_if_needed()
+    editor.click()
+    page.keyboard.press("Shift+Enter")
+    deadline = time.monotonic() + RUN_ALL_S
+    while True:
+        cells = _cells(page)
+        prompt = cells[index]["prompt"]
+        if prompt != before and "*" not in prompt and page.evaluate(_IDLE):
+            return cells
+        if time.monotonic() > deadline:
+            raise AssertionError(f"cell {index} did not run within {RUN_ALL_S} s:\n{_describe(cells)}")
+        page.wait_for_timeout(250)
+
+
+def _grade_full_marks(folder: Path, tmp: Path) -> None:
+    """`kernels grade FOLDER` (without otter's notebook run) gives the one submission in it full marks for the
+    questions answered here (CPU_Q, GPU_Q) and none for the others, still stubs."""
+    import csv
+    import sys
+
+    from _grading_support import generated
+
+    book = tmp / "gradebook.csv"
+    r = subprocess.run([sys.executable, "-m", "kernels_src", "grade", str(folder), "--autograder",
+                        str(generated(SLUG) / "build" / SLUG), "--no-otter", "--jobs", "1", "--out", str(book)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = list(csv.DictReader(book.open()))
+    assert len(rows) == 1 and rows[0]["exercise"] == SLUG, rows
+    results = json.loads(next((tmp / "gradebook_results").rglob("results.json")).read_text())
+    points = {t["name"]: (t.get("score", 0), t["max_score"]) for t in results["tests"] if "max_score" in t}
+    assert {CPU_Q, GPU_Q} < set(points), points
+    for q, (score, most) in points.items():
+        want = most if q in (CPU_Q, GPU_Q) else 0
+        assert most > 0 and score == want, f"{q}: {score} of {most} points, expected {want}: {rows}"
+
+
 def _shot(page, name: str, index: int | None = None) -> None:
     if index is not None:
         _code_cell(page, index).scroll_into_view_if_needed()
@@ -237,6 +281,7 @@ def test_student_runs_an_exercise_in_jupyterlab(browser, tmp_path):
             q1_check = _cell_index(cells, f'grader.check("{CPU_Q}")', whole=True)
             q2_check = _cell_index(cells, f'grader.check("{GPU_Q}")', whole=True)
             try_q1 = _cell_index(cells, "axpy_cpu(out, np.float32(2.0), x, y)")
+            submit_cell = _cell_index(cells, f'submit("{SLUG}.md")')
             _shot(page, "01_opened")
 
             # 2.-3. Run All with the stubs untouched: each visible check says "still the stub".
@@ -266,6 +311,22 @@ def test_student_runs_an_exercise_in_jupyterlab(browser, tmp_path):
                 assert f"{q} passed!" in out and STUB_TEXT not in out, \
                     f"{q}'s check does not pass with the master's answer:\n{_describe(cells)}"
             assert "[1. 3. 5. 7. 9.]" in cells[try_q1]["output"], cells[try_q1]["output"]
+
+            # 5. Hand it in (the exercise's last cell, kernels_src/tools/submit.py). Run All ran it with the
+            #    answers typed but not saved: it refused, and said to save. Save, run it again: it writes
+            #    submissions/ch01_axpy.ipynb beside exercises/, which `kernels grade` grades to full marks.
+            out = cells[submit_cell]["output"]
+            assert "not submitted" in out and "save the notebook" in out and "axpy_cpu" in out, \
+                f"the hand-in cell did not refuse the unsaved answers:\n{_describe(cells)}"
+            page.locator(".jp-Notebook").first.click(position={"x": 5, "y": 5})
+            page.keyboard.press("ControlOrMeta+s")
+            page.wait_for_function("() => !document.querySelector('.lm-TabBar-tab.lm-mod-current.jp-mod-dirty')",
+                                   timeout=30_000)  # the tab's "unsaved" dot is gone
+            cells = _run_cell(page, submit_cell)
+            _shot(page, "06_submitted", submit_cell)
+            out = cells[submit_cell]["output"]
+            submission = root / "submissions" / f"{SLUG}.ipynb"
+            assert f"wrote {submission}" in out, f"the hand-in cell after saving:\n{_describe(cells)}"
             assert not page_errors, f"JupyterLab page errors: {page_errors}"
         except Exception:
             with contextlib.suppress(Exception):
@@ -273,6 +334,9 @@ def test_student_runs_an_exercise_in_jupyterlab(browser, tmp_path):
             raise
         finally:
             context.close()
+
+    # The file the hand-in cell wrote is what the grader takes: the master's answers score full marks.
+    _grade_full_marks(root / "submissions", tmp_path)
 
     # The answers were typed into the temporary copy only: the repository's exercise is still the stub.
     # (Other files under exercises/ may change meanwhile: `make exercises` regenerates them.)

@@ -124,3 +124,16 @@ def test_submission_of_the_masters_answers_grades_full_marks(tmp_path):
     score, possible = float(rows[0]["score"]), float(rows[0]["possible"])
     results = json.loads(next((tmp_path / "gradebook_results").rglob("results.json")).read_text())
     assert possible > 0 and score == possible, (rows, [t.get("output", "") for t in results["tests"]])
+
+
+def test_the_grader_leaves_the_hand_in_cell_out():
+    """The grader's process has only kernels_src.device and .compiler: the hand-in cell's import would be a
+    'could not load' note on every submission. The bundle leaves it out, and keeps the student's imports."""
+    from kernels_src.grading import bundle
+    from kernels_src.grading.exercises import SUBMIT_CELL
+
+    b = bundle.from_cells([(1, "import numpy as np\nfrom kernels_src.compiler import cuda"),
+                           (2, SUBMIT_CELL.format(slug=SLUG))])
+    src = b.source.split("\n", 1)[1]
+    assert "import numpy as np" in src and "from kernels_src.compiler import cuda" in src
+    assert "submit" not in src and not b.notes, (src, b.notes)

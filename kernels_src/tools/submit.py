@@ -145,16 +145,16 @@ def make_submission(notebook, out_dir=None) -> Path:
     return target
 
 
-def submit(notebook, out_dir=None) -> Path | None:
-    """The last cell of every exercise: make the submission and say where it is (one line on a problem)."""
+def submit(notebook, out_dir=None) -> None:
+    """The last cell of every exercise: make the submission and say where it is (one line on a problem).
+    (The grader leaves this module's import out of what it runs: grading/bundle.py, HAND_IN_MODULE.)"""
     try:
         target = make_submission(notebook, out_dir)
     except UsageError as e:
         print(f"not submitted: {e}", file=sys.stderr)
-        return None
+        return
     print(f"wrote {target}\nUpload this file to Gradescope. To grade it here first: "
           f"kernels grade {target.parent} --exercise {target.stem}")
-    return target
 
 
 def add_parser(sub) -> None:
