@@ -1,0 +1,482 @@
+"""Attention on the CPU (chapter 9), forward, scores and backward; the ops are defined in attention_ref.
+
+  cpu/naive        rung 1   per (b, h) the S x T score matrix materialized, then softmax, then P V
+  cpu/online       rung 2   one query row at a time, online softmax over the keys: O(D) extra memory
+  cpu/prange       rung 3   rung 2 with (b, h, row block) spread over the cores
+  cpu/blocked      rung 4   16 query rows x 64-key tiles: each K/V tile is reused by 16 rows from cache
+  cpu/simd         rung 5   rung 4 in SIMD: score and P V tiles register-blocked 2 rows x 4 keys, the
+                            exp from cpumath (no libm call), the tile max an integer max
+  cpu/numpy        baseline the formula with NumPy matmuls in float32 (the S x T scores materialized)
+  cpu/torch        baseline torch.nn.functional.scaled_dot_product_attention on the CPU
+attention_scores: cpu/loop; attention_bwd and attention_bwd_dv: cpu/prange.
+"""
+from __future__ import annotations
+import math
+import numpy as np
+
+from ..compiler import njit, prange
+from ..registry import register
+from .reductions import FAST_MATH
+from .cpu_baselines import torch_cpu, tviews
+from .softmax import CPU_FAST, exp_nonpos, row_max_simd
+from .attention_torch import O_ONLY
+from .attention_ref import visible
+
+
+# --------------------------------------------------------------------------------------------- CPU
+@njit(cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _naive_cpu(o, lse, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    g = H // k.shape[1]
+    scale = np.float32(1.0 / math.sqrt(D))
+    sc = np.empty((S, T), dtype=np.float32)  # the score matrix of one head, materialized
+    for b in range(B):
+        for h in range(H):
+            hk = h // g
+            for i in range(S):
+                lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+                for j in range(T):
+                    if j < lim:
+                        acc = np.float32(0.0)
+                        for d in range(D):
+                            acc += q[b, h, i, d] * k[b, hk, j, d]
+                        sc[i, j] = acc * scale
+                    else:
+                        sc[i, j] = -np.inf
+            for i in range(S):
+                m = np.float32(-np.inf)
+                for j in range(T):
+                    m = max(m, sc[i, j])
+                if m == -np.inf:  # fully masked row: O = 0, L = -inf
+                    o[b, h, i, :] = 0.0
+                    lse[b, h, i] = -np.inf
+                    continue
+                s = np.float32(0.0)
+                for j in range(T):
+                    e = np.exp(sc[i, j] - m)
+                    sc[i, j] = e
+                    s += e
+                inv = np.float32(1.0) / s
+                for d in range(D):
+                    o[b, h, i, d] = 0.0
+                for j in range(T):
+                    p = sc[i, j] * inv
+                    for d in range(D):
+                        o[b, h, i, d] += p * v[b, hk, j, d]
+                lse[b, h, i] = m + np.log(s)
+
+
+@register("attention", "cpu", "naive", rung=1)
+def attention_naive_cpu(o, lse, q, k, v, kv_len, causal):
+    """The formula as written: per head an S x T score buffer, a softmax over its rows, then P V.
+
+    Memory traffic per head: S*T floats written and read twice on top of Q, K, V, O. At S = T = 256
+    the buffer (256 KiB) still fits in L2, so predict ~1 GFLOP/s-class speed limited by the scalar
+    loops, not by the buffer; at S = T = 16384 it would be 1 GiB per head."""
+    _naive_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+@njit(cache=True, error_model="numpy", fastmath=FAST_MATH, inline="always")
+def _online_row(o, lse, q, k, v, kv_len, causal, b, h, i, acc):
+    S, D = q.shape[2], q.shape[3]
+    T = k.shape[2]
+    hk = h // (q.shape[1] // k.shape[1])
+    scale = np.float32(1.0 / math.sqrt(D))
+    lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+    m = np.float32(-np.inf)
+    s = np.float32(0.0)
+    for d in range(D):
+        acc[d] = 0.0
+    for j in range(lim):
+        x = np.float32(0.0)
+        for d in range(D):
+            x += q[b, h, i, d] * k[b, hk, j, d]
+        x *= scale
+        if x > m:  # a new maximum: rescale what has been summed so far
+            a = np.exp(m - x)
+            s = s * a + np.float32(1.0)
+            for d in range(D):
+                acc[d] = acc[d] * a + v[b, hk, j, d]
+            m = x
+        else:
+            p = np.exp(x - m)
+            s += p
+            for d in range(D):
+                acc[d] += p * v[b, hk, j, d]
+    if s > 0:
+        inv = np.float32(1.0) / s
+        for d in range(D):
+            o[b, h, i, d] = acc[d] * inv
+        lse[b, h, i] = m + np.log(s)
+    else:
+        for d in range(D):
+            o[b, h, i, d] = 0.0
+        lse[b, h, i] = -np.inf
+
+
+@njit(cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _online_cpu(o, lse, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    acc = np.empty(D, dtype=np.float32)
+    for b in range(B):
+        for h in range(H):
+            for i in range(S):
+                _online_row(o, lse, q, k, v, kv_len, causal, b, h, i, acc)
+
+
+@register("attention", "cpu", "online", rung=2)
+def attention_online_cpu(o, lse, q, k, v, kv_len, causal):
+    """One query row at a time with online softmax: a running max m, sum s and unnormalized output
+    (D floats) replace the S x T buffer; keys past the mask are never even visited.
+
+    Same FLOPs as rung 1 (fewer with a causal mask: the loop stops at the diagonal), no S*T traffic.
+    Predict ~1x rung 1 without a mask (both are bound by the scalar dot products) and ~2x with causal."""
+    _online_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+ROWS_PER_TASK = 16
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _prange_cpu(o, lse, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    nblk = (S + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for t in prange(B * H * nblk):
+        b = t // (H * nblk)
+        h = (t // nblk) % H
+        r0 = (t % nblk) * ROWS_PER_TASK
+        acc = np.empty(D, dtype=np.float32)
+        for i in range(r0, min(S, r0 + ROWS_PER_TASK)):
+            _online_row(o, lse, q, k, v, kv_len, causal, b, h, i, acc)
+
+
+@register("attention", "cpu", "prange", rung=3)
+def attention_prange_cpu(o, lse, q, k, v, kv_len, causal):
+    """Rung 2 with (b, h, block of 16 rows) spread over the cores with prange.
+
+    Rows are independent, and 16-row tasks balance the causal triangle (late rows have more keys).
+    Predict ~cores x rung 2 (2x on this 2-core machine)."""
+    _prange_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+BR_CPU, BC_CPU = 16, 64
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _blocked_cpu(o, lse, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    g = H // k.shape[1]
+    scale = np.float32(1.0 / math.sqrt(D))
+    nblk = (S + BR_CPU - 1) // BR_CPU
+    for t in prange(B * H * nblk):
+        b = t // (H * nblk)
+        h = (t // nblk) % H
+        hk = h // g
+        r0 = (t % nblk) * BR_CPU
+        r1 = min(S, r0 + BR_CPU)
+        m = np.full(BR_CPU, -np.inf, dtype=np.float32)
+        s = np.zeros(BR_CPU, dtype=np.float32)
+        acc = np.zeros((BR_CPU, D), dtype=np.float32)
+        sc = np.empty(BC_CPU, dtype=np.float32)
+        qs = np.empty((BR_CPU, D), dtype=np.float32)
+        for i in range(r0, r1):
+            for d in range(D):
+                qs[i - r0, d] = q[b, h, i, d] * scale
+        last = min(kv_len[b], r1 - 1 + T - S + 1) if causal else kv_len[b]  # keys any row of the block sees
+        for j0 in range(0, max(last, 0), BC_CPU):  # this K/V tile (64 x D floats) stays in L1/L2 for 16 rows
+            j1 = min(last, j0 + BC_CPU)
+            for i in range(r0, r1):
+                r = i - r0
+                lim = min(j1, i + T - S + 1) if causal else j1
+                if lim <= j0:
+                    continue
+                mt = m[r]
+                for j in range(j0, lim):
+                    x = np.float32(0.0)
+                    for d in range(D):
+                        x += qs[r, d] * k[b, hk, j, d]
+                    sc[j - j0] = x
+                    mt = max(mt, x)
+                a = np.exp(m[r] - mt)  # one rescale per tile, not per key
+                st = np.float32(0.0)
+                for d in range(D):
+                    acc[r, d] *= a
+                for j in range(j0, lim):
+                    p = np.exp(sc[j - j0] - mt)
+                    st += p
+                    for d in range(D):
+                        acc[r, d] += p * v[b, hk, j, d]
+                s[r] = s[r] * a + st
+                m[r] = mt
+        for i in range(r0, r1):
+            r = i - r0
+            if s[r] > 0:
+                inv = np.float32(1.0) / s[r]
+                for d in range(D):
+                    o[b, h, i, d] = acc[r, d] * inv
+                lse[b, h, i] = m[r] + np.log(s[r])
+            else:
+                for d in range(D):
+                    o[b, h, i, d] = 0.0
+                lse[b, h, i] = -np.inf
+
+
+@register("attention", "cpu", "blocked", rung=4)
+def attention_blocked_cpu(o, lse, q, k, v, kv_len, causal):
+    """Rung 3 blocked: 16 query rows share each 64-key tile of K and V while it sits in cache, and the
+    online rescale happens once per tile instead of once per new maximum.
+
+    K and V are read from memory S/16 times instead of S times. At small S everything fits in cache
+    anyway, so predict a modest gain (~1.2-1.5x rung 3) from the cheaper rescaling and reuse."""
+    _blocked_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+BR_SIMD, BC_SIMD = 16, 64  # both even / multiples of 4: the tile loops below take rows in pairs, keys in fours
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=CPU_FAST)
+def _simd_cpu(o, lse, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    g = H // k.shape[1]
+    scale = np.float32(1.0 / math.sqrt(D))
+    nblk = (S + BR_SIMD - 1) // BR_SIMD
+    for t in prange(B * H * nblk):  # (b, h, block of 16 query rows): independent tasks
+        b = t // (H * nblk)
+        h = (t // nblk) % H
+        hk = h // g
+        r0 = (t % nblk) * BR_SIMD
+        nr = min(S, r0 + BR_SIMD) - r0
+        nr2 = nr + (nr & 1)  # rows in pairs; a padding row has q = 0 and p = 0
+        m = np.full(BR_SIMD, -np.inf, dtype=np.float32)
+        s = np.zeros(BR_SIMD, dtype=np.float32)
+        acc = np.zeros((BR_SIMD, D), dtype=np.float32)
+        sc = np.zeros((BR_SIMD, BC_SIMD), dtype=np.float32)
+        qs = np.zeros((BR_SIMD, D), dtype=np.float32)
+        for r in range(nr):
+            for d in range(D):
+                qs[r, d] = q[b, h, r0 + r, d] * scale
+        last = min(kv_len[b], r0 + nr - 1 + T - S + 1) if causal else kv_len[b]  # keys any row of the block sees
+        for j0 in range(0, max(last, 0), BC_SIMD):
+            w = min(last, j0 + BC_SIMD) - j0
+            jl = j0 + w - 1  # key indices past the tile are clamped to its last key (their p is 0)
+            for r in range(0, nr2, 2):  # scores: 2 rows x 4 keys, 8 dots over D in 8 vector registers
+                for jj in range(0, w, 4):
+                    ja = j0 + jj
+                    jb, jc, jd = min(ja + 1, jl), min(ja + 2, jl), min(ja + 3, jl)
+                    x0 = x1 = x2 = x3 = x4 = x5 = x6 = x7 = np.float32(0.0)
+                    for d in range(D):  # 6 loads feed 8 FMAs
+                        qa, qb = qs[r, d], qs[r + 1, d]
+                        ka, kb, kc, kd = k[b, hk, ja, d], k[b, hk, jb, d], k[b, hk, jc, d], k[b, hk, jd, d]
+                        x0 += qa * ka
+                        x1 += qa * kb
+                        x2 += qa * kc
+                        x3 += qa * kd
+                        x4 += qb * ka
+                        x5 += qb * kb
+                        x6 += qb * kc
+                        x7 += qb * kd
+                    sc[r, jj], sc[r, jj + 1], sc[r, jj + 2], sc[r, jj + 3] = x0, x1, x2, x3
+                    sc[r + 1, jj], sc[r + 1, jj + 1], sc[r + 1, jj + 2], sc[r + 1, jj + 3] = x4, x5, x6, x7
+            w4 = (w + 3) // 4 * 4
+            for r in range(nr2):  # online softmax of each row's tile, p written over its scores
+                i = r0 + r
+                n = (min(j0 + w, i + T - S + 1) if causal else j0 + w) - j0 if r < nr else 0
+                if n <= 0:  # no visible key in this tile: p = 0, nothing rescaled
+                    for jj in range(w4):
+                        sc[r, jj] = 0.0
+                    continue
+                srow = sc[r, :n]
+                mt = max(m[r], row_max_simd(srow))
+                a = exp_nonpos(m[r] - mt)  # rescale of what came before (0 at the first tile: m = -inf)
+                st = np.float32(0.0)
+                for jj in range(n):  # chapter 8's SIMD exp, the sum in vector lanes
+                    p = exp_nonpos(srow[jj] - mt)
+                    srow[jj] = p
+                    st += p
+                for jj in range(n, w4):
+                    sc[r, jj] = 0.0
+                for d in range(D):
+                    acc[r, d] *= a
+                s[r] = s[r] * a + st
+                m[r] = mt
+            for r in range(0, nr2, 2):  # acc += P V: 2 rows x 4 keys per sweep over D (4 loads of v, 8 FMAs)
+                for jj in range(0, w, 4):
+                    ja = j0 + jj
+                    jb, jc, jd = min(ja + 1, jl), min(ja + 2, jl), min(ja + 3, jl)
+                    pa0, pa1, pa2, pa3 = sc[r, jj], sc[r, jj + 1], sc[r, jj + 2], sc[r, jj + 3]
+                    pb0, pb1, pb2, pb3 = sc[r + 1, jj], sc[r + 1, jj + 1], sc[r + 1, jj + 2], sc[r + 1, jj + 3]
+                    for d in range(D):
+                        va, vb, vc, vd = v[b, hk, ja, d], v[b, hk, jb, d], v[b, hk, jc, d], v[b, hk, jd, d]
+                        acc[r, d] += pa0 * va + pa1 * vb + pa2 * vc + pa3 * vd
+                        acc[r + 1, d] += pb0 * va + pb1 * vb + pb2 * vc + pb3 * vd
+        for r in range(nr):
+            i = r0 + r
+            if s[r] > 0:
+                inv = np.float32(1.0) / s[r]
+                for d in range(D):
+                    o[b, h, i, d] = acc[r, d] * inv
+                lse[b, h, i] = m[r] + np.log(s[r])
+            else:  # no visible key: O = 0, L = -inf
+                for d in range(D):
+                    o[b, h, i, d] = 0.0
+                lse[b, h, i] = -np.inf
+
+
+@register("attention", "cpu", "simd", rung=5)
+def attention_simd_cpu(o, lse, q, k, v, kv_len, causal):
+    """Rung 4 with every inner loop in SIMD and register-blocked. Rung 4 computes one score at a time (a dot
+    over D, then a horizontal sum) and calls libm's expf per score. Here a 16-row x 64-key tile of scores
+    is computed 2 rows x 4 keys at a time: 8 dot products over D share 6 vector loads per step and stay in 8
+    vector registers (14 of the 16 AVX2 registers); the exps are chapter 8's exp_nonpos (no libm call), the tile
+    max an integer max; P V runs 2 rows x 4 keys per sweep over D (4 loads of V feed 8 FMAs). Predicted:
+    ~60 % of the FMA units' 256-bit peak in the two tile products, ~2x rung 4 at 1 x 4 x 256 x 256 x 64,
+    close to torch's SDPA with a causal mask."""
+    _simd_cpu(o, lse, q, k, v, kv_len, causal)
+
+
+def _numpy_attention(q, k, v, kv_len, causal):
+    g = q.shape[1] // k.shape[1]
+    kk = np.repeat(k, g, axis=1) if g > 1 else k
+    vv = np.repeat(v, g, axis=1) if g > 1 else v
+    sc = np.matmul(q, kk.transpose(0, 1, 3, 2)) * np.float32(1.0 / math.sqrt(q.shape[3]))
+    sc = np.where(visible(q.shape[2], k.shape[2], kv_len, causal), sc, np.float32(-np.inf))
+    m = sc.max(axis=-1, keepdims=True)
+    e = np.exp(sc - m)
+    s = e.sum(axis=-1, keepdims=True)
+    return np.matmul(e / s, vv), (m + np.log(s))[..., 0]
+
+
+@register("attention", "cpu", "numpy", baseline=True,
+          edge_exempt="the formula a student writes gives 0/0 = NaN on a fully masked row")
+def attention_numpy_cpu(o, lse, q, k, v, kv_len, causal):
+    """The formula with NumPy in float32: scores by batched matmul (BLAS), a where for the masks, the softmax,
+    P V by batched matmul; the S x T scores and probabilities materialized. Results copied into O and L."""
+    oo, ll = _numpy_attention(q, k, v, kv_len, causal)
+    np.copyto(o, oo)
+    np.copyto(lse, ll)
+
+
+def _torch_mask_cpu(kv_len, S, T, causal):
+    """None when SDPA's is_causal flag says it all (no padding; causal only with S = T), else a bool mask."""
+    import torch
+
+    if (np.asarray(kv_len) >= T).all() and (not causal or S == T):
+        return None
+    return torch.from_numpy(visible(S, T, kv_len, causal))
+
+
+@register("attention", "cpu", "torch", baseline=True, requires=torch_cpu)
+def attention_torch_cpu(o, lse, q, k, v, kv_len, causal):
+    """torch's CPU attention. Where the shape allows (S = T, as many K/V heads as query heads, full caches: the
+    benchmark sizes), its flash-attention CPU kernel, which returns O and L as the course's rungs do (copied
+    into o and lse). Otherwise scaled_dot_product_attention with the op's masks and the default scale
+    1/sqrt(D); O is copied into o (SDPA has no out=). SDPA does not
+    return L, so for ``kernels check`` L is computed with extra torch work (logsumexp of the masked scores)
+    and fully masked rows are zeroed; with KERNELS_SDPA_O_ONLY=1 (benchmarks) that extra work is skipped."""
+    import torch
+    import torch.nn.functional as F
+
+    to, tl, tq, tk, tv = tviews(o, lse, q, k, v)
+    S, T = q.shape[2], k.shape[2]
+    if S == T and q.shape[1] == k.shape[1] and bool(np.all(kv_len == T)):
+        # torch's CPU flash-attention kernel returns O and L (what its training path saves for the backward):
+        # the same two outputs as the course's rungs, no mask tensor, no extra work. The benchmark sizes take
+        # this path; other shapes (GQA, a shorter cache, S != T with the op's bottom-right causal mask) the one below.
+        out, l_ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(tq, tk, tv, 0.0, bool(causal))
+        to.copy_(out)
+        tl.copy_(l_)
+        return
+    mask = _torch_mask_cpu(kv_len, S, T, causal)
+    out = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask, is_causal=bool(causal) and mask is None,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    if O_ONLY:
+        to.copy_(out)
+        return
+    g = q.shape[1] // k.shape[1]
+    kk = tk.repeat_interleave(g, dim=1) if g > 1 else tk
+    sc = torch.matmul(tq, kk.transpose(-1, -2)) / math.sqrt(q.shape[3])
+    vis = torch.from_numpy(visible(S, T, kv_len, causal))
+    torch.logsumexp(sc.masked_fill(~vis, -math.inf), dim=-1, out=tl)
+    to.copy_(torch.where(torch.isinf(tl)[..., None], 0.0, out))
+
+
+@njit(cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _scores_cpu(sc, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    g = H // k.shape[1]
+    scale = np.float32(1.0 / math.sqrt(D))
+    for b in range(B):
+        for h in range(H):
+            for i in range(S):
+                lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+                for j in range(T):
+                    if j < lim:
+                        x = np.float32(0.0)
+                        for d in range(D):
+                            x += q[b, h, i, d] * k[b, h // g, j, d]
+                        sc[b, h, i, j] = x * scale
+                    else:
+                        sc[b, h, i, j] = -np.inf
+
+
+@register("attention_scores", "cpu", "loop", rung=1)
+def attention_scores_cpu(sc, q, k, v, kv_len, causal):
+    """Three loops and a mask test: s_ij = q_i . k_j / sqrt(D), -inf where not visible."""
+    _scores_cpu(sc, q, k, v, kv_len, causal)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _bwd_cpu(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal, want_dq):
+    B, H, S, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    g = H // Hkv
+    scale = np.float32(1.0 / math.sqrt(D))
+    for t in prange(B * Hkv):  # one task per (b, kv head): it owns dK and dV of that head, no races
+        b = t // Hkv
+        hk = t % Hkv
+        for j in range(T):
+            for d in range(D):
+                dk[b, hk, j, d] = 0.0
+                dv[b, hk, j, d] = 0.0
+        for h in range(hk * g, (hk + 1) * g):
+            for i in range(S):
+                dr = np.float32(0.0)
+                for d in range(D):
+                    dr += do[b, h, i, d] * o[b, h, i, d]
+                    if want_dq:
+                        dq[b, h, i, d] = 0.0
+                li = lse[b, h, i]
+                if li == -np.inf:
+                    continue
+                lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+                for j in range(lim):
+                    x = np.float32(0.0)
+                    dp = np.float32(0.0)
+                    for d in range(D):
+                        x += q[b, h, i, d] * k[b, hk, j, d]
+                        dp += do[b, h, i, d] * v[b, hk, j, d]
+                    p = np.exp(x * scale - li)  # P recomputed from the saved L
+                    ds = p * (dp - dr) * scale
+                    for d in range(D):
+                        dv[b, hk, j, d] += p * do[b, h, i, d]
+                        dk[b, hk, j, d] += ds * q[b, h, i, d]
+                        if want_dq:
+                            dq[b, h, i, d] += ds * k[b, hk, j, d]
+
+
+@register("attention_bwd", "cpu", "prange", rung=1)
+def attention_bwd_cpu(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal):
+    """One pass over the visible (i, j) pairs per (b, kv head) task: P recomputed from L, then dV, dK
+    and dQ accumulated. Tasks own disjoint outputs, so prange needs no atomics."""
+    _bwd_cpu(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal, True)
+
+
+@register("attention_bwd_dv", "cpu", "prange", rung=1)
+def attention_bwd_dv_cpu(dv, do, q, k, v, o, lse, kv_len, causal):
+    """The dV part of the backward: dV_j = sum_i exp(s_ij - L_i) dO_i, over the group's heads."""
+    dk = np.empty_like(dv)
+    _bwd_cpu(dk, dk, dv, do, q, k, v, o, lse, kv_len, causal, False)
