@@ -542,7 +542,11 @@ def _otter_child(root: str, memory: int, scratch: str | None = None, runtime: st
             summary["scores"][name] = {"score": tf.score, "possible": tf.possible, "passed_all": tf.passed_all}
         nb = getattr(gr, "notebook", None)
         if nb is not None:
+            from .bundle import HAND_IN_MODULE
+
             for i, c in enumerate(nb.cells):
+                if HAND_IN_MODULE in "".join(c.get("source", "")):
+                    continue  # the exercise's hand-in cell: the autograder has no hand-in tool, and needs none
                 for o in c.get("outputs", []) if c.get("cell_type") == "code" else []:
                     if o.get("output_type") == "error":
                         summary["errors"].append({"cell": i, "ename": str(o.get("ename")), "evalue": str(o.get("evalue"))})
