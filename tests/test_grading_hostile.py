@@ -302,6 +302,18 @@ def test_class8_a_prompt_rule_is_enforced(tmp_path):
     assert rec.per_question["q1"][0] == 0 and "np.max" in outs["q1"], outs["q1"][:3000]
 
 
+@pytest.mark.slow
+def test_class8_a_sorting_rule_is_enforced(tmp_path):
+    """ch15's prompt forbids np.argsort and np.sort: a stable radix pass done by np.argsort scores 0, named."""
+    code = ("import numpy as np\nfrom numba import njit\n\n\n@njit\ndef radix_pass(keys_out, vals_out, keys, vals, shift):\n"
+            "    d = np.empty(keys.size, np.int64)\n    for i in range(keys.size):\n        d[i] = (keys[i] >> shift) & 15\n"
+            "    order = np.argsort(d, kind='mergesort')\n    for i in range(keys.size):\n"
+            "        keys_out[i] = keys[order[i]]\n        vals_out[i] = vals[order[i]]\n")
+    rec = grade_answers("ch15_scan_histogram_sort", {"q3": code}, tmp_path, questions=["q3"])
+    outs = outputs_by_question(rec.results)
+    assert rec.per_question["q3"][0] == 0 and "argsort" in outs["q3"], outs["q3"][:3000]
+
+
 # ------------------------------------------------------------------------------------- the sandbox itself
 @PROTECTED
 def test_the_sandbox_cannot_read_the_course_or_write_outside(tmp_path):
