@@ -8,6 +8,7 @@ import pytest
 import kernels_src
 from kernels_src import device, parity
 from kernels_src.figures import rowwise as viz
+from kernels_src.figures import rowwise_bench
 from kernels_src.ops import softmax as sm
 
 
@@ -108,10 +109,10 @@ def test_benchmark_inputs_are_safe_for_every_rung():
 
 
 def test_profile_plan_parses_and_covers_the_ladder():
-    plan = viz.parse_plan(viz.PROFILE_PLAN)
+    plan = rowwise_bench.parse_plan(rowwise_bench.PROFILE_PLAN)
     ops = {op: vs for op, _, vs in plan}
     assert {"naive", "safe", "online", "vec4"} <= set(ops["softmax"])
-    assert viz.parse_plan("softmax@3x36:naive,vec4") == [("softmax", (3, 36), ["naive", "vec4"])]
+    assert rowwise_bench.parse_plan("softmax@3x36:naive,vec4") == [("softmax", (3, 36), ["naive", "vec4"])]
 
 
 def test_committed_profile_shows_one_dram_pass_per_rung():
