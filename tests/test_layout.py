@@ -200,7 +200,7 @@ def _circles(graph: dict) -> list[list[str]]:
 
 
 # Circles that still stand, by the folder they sit in (each owned by that folder's next change).
-KNOWN_CIRCLE_FOLDERS = {"grading/": "worker.py, kernelpack.py and perfworker.py import each other"}
+KNOWN_CIRCLE_FOLDERS = {"grading/": "the grader's modules still import each other (issue 29; its owner untangles them)"}
 
 
 def test_no_module_imports_itself_in_a_circle():
