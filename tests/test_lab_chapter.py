@@ -38,6 +38,10 @@ def test_chapters_show_values_with_eval_of_shown(path):
     evals = [arg for name, arg in ROLE.findall(text) if name == "eval"]
     bad = [a for a in evals if not re.fullmatch(r"shown\.[A-Za-z_][A-Za-z0-9_]*", a)]
     assert not bad, f"{path.name}: {{eval}} of something other than shown.<name>: {bad}"
+    spans = re.findall(r"`\{eval\}`[^`]*``", text)
+    assert not spans, f"{path.name}: a role inside a code span shows as raw markup: {spans}"
+    comments = [l for l in text.splitlines() if re.match(r"\s*%", l) and "{eval}" in l]
+    assert not comments, f"{path.name}: a line starting with % is a MyST comment (its values vanish): {comments}"
     if evals:
         assert re.search(r"^from kernels_src\.shown import .*\bshown\b", text, re.M), \
             f"{path.name}: shows values but never imports `shown` (JupyterLab would show a NameError)"
