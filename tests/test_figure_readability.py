@@ -27,7 +27,7 @@ def test_a_wide_figure_with_small_text_is_too_small():
     ax.set_title("a title", fontsize=10)
     ax.text(0.5, 0.5, "tiny", fontsize=7)
     small = dict((s, px) for px, s in too_small(fig))
-    # 15 in at 100 dpi (about 13 in once trimmed) is shown at 740 px: 7 pt is under 7 px
+    # 15 in at 100 dpi (about 13 in once trimmed) is shown at 688 px: 7 pt is under 7 px
     assert "tiny" in small and small["tiny"] < 7
     assert "a title" in small  # 10 pt shrinks to under 8 px
 

@@ -59,8 +59,8 @@ def draw_tiles(BM=128, BN=128, BK=8, TM=8, TN=8, M=1024, N=1024, K=1024, k_step=
     from matplotlib.patches import Rectangle
 
     if axes is None:
-        # 9 in: shown on the page at about 0.85 of its size, labels at 8-9 pt stay at 9 px or more
-        fig, axes = plt.subplots(1, 3, figsize=(9, 3.9), gridspec_kw={"width_ratios": [K, N, N]})
+        # 8.2 in: shown on the page at about 0.85 of its size, labels at 8-9 pt stay at 9 px or more
+        fig, axes = plt.subplots(1, 3, figsize=(8.2, 3.9), gridspec_kw={"width_ratios": [K, N, N]})
     axA, axB, axC = axes
     bi, bj = min(1, -(-M // BM) - 1), min(2, -(-N // BN) - 1)  # the block we follow
     k0 = min(k_step * BK, max(K - BK, 0))

@@ -2,7 +2,7 @@
 
 The book shows a Matplotlib figure as the PNG the notebook's inline backend writes (``figure.dpi`` pixels per
 inch, trimmed to the drawn content, ``bbox_inches="tight"``), scaled down to the article's width when it is
-wider. A 15-inch figure is 1500 pixels wide and shown at about 740: its 7 pt labels reach the reader at under
+wider. A 15-inch figure is 1500 pixels wide and shown at 688: its 7 pt labels reach the reader at under
 5 pixels. :func:`smallest_text` gives the text of a figure by the size it is shown at, smallest first, so a
 test can hold every figure function to a floor (``MIN_PX``) and a chapter author can check a new figure::
 
@@ -11,9 +11,10 @@ test can hold every figure function to a floor (``MIN_PX``) and a chapter author
 """
 from __future__ import annotations
 
-# The article's width on the site at the usual 1280-pixel-wide window (measured in the built site with the
-# course's theme; wider windows do not widen it) and the smallest text a reader can still read at that width.
-CONTENT_PX = 740
+# The widest a code cell's image is shown on the site (measured in the built site with the course's theme in a
+# 1280-pixel-wide window: the article is 752 px, an output image at most 688; wider windows do not widen it)
+# and the smallest text a reader can still read there.
+CONTENT_PX = 688
 MIN_PX = 9.0
 
 

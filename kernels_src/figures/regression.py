@@ -68,7 +68,7 @@ def plot_state(x, y, w, b, lr, steps=25, axes=None):
 
     own = axes is None  # a figure of its own (the explorer): legends below the panels, sized for the page
     if own:
-        fig, axes = plt.subplots(1, 2, figsize=(9, 4.6))
+        fig, axes = plt.subplots(1, 2, figsize=(8.2, 4.6))
     ax0, ax1 = axes
     ws = np.linspace(*W_RANGE, 121)
     bs = np.linspace(*B_RANGE, 101)
