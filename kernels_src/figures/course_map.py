@@ -41,8 +41,8 @@ def chapters() -> list[dict]:
 
 def draw(ax=None, max_kernels: int = 4, per_row: int = 4):
     """The path, one box per chapter, coloured by part, in rows of ``per_row`` that snake left to right,
-    then right to left. Drawn at the page's width (7.4 in at 100 dpi = 740 px, so the site shows it at its
-    natural size): every label is at least 8 pt, 11 px on the page."""
+    then right to left. Drawn at about the page's width (7.7 in at 100 dpi; the site shows a cell's image at
+    most 688 px wide, so at about 0.9 of its size): every label is at least 8 pt, 10 px on the page."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
