@@ -367,7 +367,7 @@ def bench(op_name: str, backend: str = "cpu", *, variants=None, sizes=None, dtyp
     from .registry import get_op
 
     if backend == "cpu":  # before anything starts Numba's threads (see ops/cpu_baselines.py)
-        from .ops.cpu_baselines import import_torch_first
+        from .compiler import import_torch_first
 
         import_torch_first()
     op = get_op(op_name)

@@ -163,7 +163,8 @@ from .inline_ptx import (dp4a, exp2_approx, mma_bf16, mma_f16, mma_tf32, pack_bf
                          to_tf32)
 from .halfbits import (bf16_to_f32, f16_to_f32, f16bits_to_f32, f32_as_u32, f32_to_bf16, f32_to_f16,  # noqa: E402
                        f32_to_f16bits, u32_as_f32)
-from .cpubits import cpu_dispatcher_type, float32_from_bits, numba_threads_started, using_svml  # noqa: E402
+from .cpubits import (cpu_dispatcher_type, float32_from_bits, import_torch_first,  # noqa: E402
+                      numba_threads_started, using_svml)
 from .cpubits import apply_cpu_vector_bits as _apply_cpu_vector_bits  # noqa: E402
 
 # The CPU's vector width for everything Numba compiles from here on (KERNELS_CPU_VECTOR_BITS; cpubits.py).
@@ -176,4 +177,4 @@ __all__ = ["NAME", "REASON", "TRADE_OFFS", "USE_MLIR", "version", "cuda", "njit"
            "pack_bf16x2", "exp2_approx", "float32_from_bits",
            "bf16_to_f32", "f32_to_bf16", "f16_to_f32", "f32_to_f16", "f16bits_to_f32", "f32_to_f16bits",
            "f32_as_u32", "u32_as_f32",
-           "cpu_dispatcher_type", "using_svml", "numba_threads_started", "CPU_VECTORS"]
+           "cpu_dispatcher_type", "using_svml", "numba_threads_started", "import_torch_first", "CPU_VECTORS"]

@@ -57,6 +57,20 @@ def numba_threads_started() -> bool:
         return False
 
 
+def import_torch_first() -> None:
+    """Import torch, if it is installed, before anything starts Numba's threads (benchmarks call this first):
+    torch imported after Numba's thread pool started runs its CPU kernels 10-50x slower (ops/cpu_baselines.py)."""
+    import sys
+
+    if "torch" in sys.modules:
+        return
+    if not numba_threads_started():
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            pass
+
+
 # ---------------------------------------------------------------------------------------- CPU vector width
 # LLVM's tuning for recent Intel server CPUs ("prefer-256-bit") keeps auto-vectorized loops at 256 bits even
 # where AVX-512 is available, and Numba has no per-function switch. Measured on the 2-core Xeon that builds the

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import sys
 
+from ..compiler import import_torch_first  # noqa: F401  (it lives in the compiler door: bench.py sits below ops)
+
 _state: dict = {}
 
 # Measured on the 2-core machine that builds the book: when Numba's prange thread pool (an OpenMP runtime) is
@@ -32,19 +34,6 @@ _state: dict = {}
 # Numba's kernels. A torch row measured in such a process would be no yardstick, so it is skipped instead.
 LATE_IMPORT = ("torch was imported after Numba started its thread pool, which makes torch's CPU kernels 10-50x "
                "slower in this process: import torch first (kernels bench and cpuboard do)")
-
-
-def import_torch_first() -> None:
-    """Import torch, if it is installed, before anything starts Numba's threads (benchmarks call this first)."""
-    if "torch" in sys.modules:
-        return
-    from ..compiler import numba_threads_started
-
-    if not numba_threads_started():
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            pass
 
 
 def torch_cpu() -> tuple[bool, str]:

@@ -70,9 +70,9 @@ def run(ops_wanted=None, out=None, again: bool = False, progress: bool = True) -
     from ..paths import BENCH_DATA
     from ..registry import get_op
 
-    from ..ops.cpu_baselines import import_torch_first
+    from ..compiler import import_torch_first
 
-    import_torch_first()  # before Numba's threads start: see ops/cpu_baselines.py
+    import_torch_first()  # before Numba's threads start: see compiler/cpubits.py
     out = Path(out) if out else BENCH_DATA / "cpu" / cpu_slug()
     chosen = board_ops(ops_wanted)
     rows, results = [], {}
