@@ -67,8 +67,8 @@ def draw(ax=None, max_kernels: int = 4, per_row: int = 4):
         ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=colors[c["part"]], ec="0.3"))
         ax.text(x + 0.07, y + h - 0.07, f"{c['number']}", fontsize=11, weight="bold", va="top")
         lines, line = [], ""
-        for word in c["title"].split():  # wrap at ~18 characters of 8.5 pt in the box
-            if len(line) + len(word) + 1 > 18 and line:
+        for word in c["title"].split():  # wrap at ~17 characters of 8.5 pt in the box
+            if len(line) + len(word) + 1 > 17 and line:
                 lines.append(line)
                 line = word
             else:
