@@ -122,9 +122,11 @@ def plot_rotation(position=5, pairs=(0, 8, 16, 32, 63), rotary_dim=128, base=100
         a = position * theta[i]
         ax.annotate("", xy=(math.cos(a), math.sin(a)), xytext=(0, 0),
                     arrowprops=dict(arrowstyle="->", color=f"C{k}", lw=2))
-        ax.text(1.08 * math.cos(a), 1.08 * math.sin(a), f"i={i}", color=f"C{k}", fontsize=8, ha="center")
-    ax.set_xlim(-1.3, 1.3)
-    ax.set_ylim(-1.3, 1.3)
+        # every other label nudged up, the others down: slow pairs point the same way and their labels collided
+        ax.annotate(f"i={i}", (1.14 * math.cos(a), 1.14 * math.sin(a)), xytext=(0, 6 if k % 2 else -6),
+                    textcoords="offset points", color=f"C{k}", fontsize=9, ha="center", va="center")
+    ax.set_xlim(-1.45, 1.45)
+    ax.set_ylim(-1.45, 1.45)
     ax.set_aspect("equal")
     ax.set_title(f"pairs rotated at position {position}")
     ax.set_xticks([])
