@@ -179,8 +179,9 @@ def run(kind: str, slugs=None, runs: int | None = None, out: Path | None = None)
                      "ideal": ("cuBLAS (torch), same shape, same run" if s.ideal == "cublas" else
                                "copy bandwidth measured in the same run") if s.kind == "gpu"
                      else "NumPy, same inputs, same run", "baseline_s": v.baseline_seconds,
-                     "seconds": v.seconds, "details": {k: v.details.get(k) for k in ("floor_s", "overhead_s",
-                                                                                        "times_s", "bytes", "flops")}, "copy_gbps": v.details.get("copy_gbps"),
+                     "seconds": v.seconds, "details": {k: v.details.get(k) for k in ("floor_s", "overhead_s", "clock",
+                                                                                        "times_s", "wall_s", "bytes",
+                                                                                        "flops")}, "copy_gbps": v.details.get("copy_gbps"),
                      "runs": v.runs, "grading_s": round(time.perf_counter() - t0, 1),
                      "feedback": v.feedback})
         print(v.feedback, flush=True)
@@ -223,6 +224,7 @@ def render(files) -> str:
         "",
     ]
     from .perf import all_specs
+    from .perf import credit as perf_credit
 
     now = {(slug, sp.question): sp for slug, specs in all_specs().items() for sp in specs}
     for f in files:
@@ -239,10 +241,12 @@ def render(files) -> str:
             frac = _pct(r["fraction"]) if r["status"] == "scored" else r["status"]
             credit = f"{r['score']:g} / {r['points']:g} (full at {_pct(r['full'])}, none at {_pct(r['zero'])})"
             cur = now.get((r["exercise"], r["question"]))
-            if cur is not None and (cur.full, cur.zero) != (r["full"], r["zero"]):
-                # the question's thresholds changed after this run: say so rather than show a stale verdict alone
-                credit += (f"; thresholds since changed to full at {_pct(cur.full)}, none at {_pct(cur.zero)}, "
-                           f"not re-measured")
+            if cur is not None and (cur.full, cur.zero) != (r["full"], r["zero"]) and r["status"] == "scored":
+                # the thresholds were set from this run (or changed since): the credit under today's thresholds,
+                # and what the run itself gave under the thresholds of its day
+                c = round(perf_credit(r["fraction"], cur.zero, cur.full) * r["points"], 4)
+                credit = (f"{c:g} / {r['points']:g} (full at {_pct(cur.full)}, none at {_pct(cur.zero)}; "
+                          f"graded {r['score']:g} at the run, under full {_pct(r['full'])} / none {_pct(r['zero'])})")
             lines.append(f"| {r['exercise']} | {r['question']} `{r['function']}` | {r['entry']} | {size} | "
                          f"{r['ideal']} | {frac} | {_pct(r['roofline'])} | {credit} |")
         lines += ["", f"Data: `book/data/grading/{Path(f).name}`.", ""]

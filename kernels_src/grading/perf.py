@@ -677,7 +677,7 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
         overhead = float(np.median(pings))
         total = WARMUP + spec.runs
         for r in range(total):
-            t_run = time.perf_counter()
+            t_begin = time.perf_counter()
             inputs = first if r == 0 else parity.as_tuple(op.make_inputs(size, dtype, rng))
             refs_r = refs if r == 0 else parity.reference_outputs(op, inputs)
             outs = parity.empty_outputs(refs_r, spec.dtype)
@@ -729,7 +729,7 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
                                         "that is right only once (reused, cached, or finished later) earns nothing"])
             _say(t_start, f"run {r + 1} of {total}: {t_run * 1e6:.1f} us ({'device' if dev is not None else 'wall'}"
                           f"; wall {wall * 1e6:.1f} us), checked (host: inputs and "
-                          f"reference before {t_put - t_run:.2f} s, to the worker and armed {t0 - t_put:.2f} s, "
+                          f"reference before {t_put - t_begin:.2f} s, to the worker and armed {t0 - t_put:.2f} s, "
                           f"outputs back {t_check - t1:.2f} s, check {time.perf_counter() - t_check:.2f} s)")
             if r >= WARMUP:
                 times.append(t_run)
