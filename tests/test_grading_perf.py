@@ -556,7 +556,8 @@ def _evidence(name):
 
 def test_gpu_thresholds_are_set_from_the_measured_fractions():
     # thresholds measured, not guessed: on the committed H100 run, every GPU question's master solution earns
-    # full credit with the question's current thresholds, and a documented slower answer sits below `full`
+    # full credit with the question's current thresholds (with a 10% margin), and a documented slower answer
+    # partial credit
     data = _evidence("perf_h100.json")
     if data is None:
         pytest.skip("no committed H100 run")
@@ -570,8 +571,8 @@ def test_gpu_thresholds_are_set_from_the_measured_fractions():
         assert r["status"] == "scored", r["feedback"]
         if r["entry"] == "master solution":
             assert r["fraction"] >= s.full * 1.1, (r["exercise"], r["question"], r["fraction"], s.full)
-        else:
-            assert r["fraction"] < s.full, (r["exercise"], r["question"], r["entry"], r["fraction"], s.full)
+        else:  # a documented slower answer: partial credit
+            assert s.zero < r["fraction"] < s.full, (r["exercise"], r["question"], r["entry"], r["fraction"], s)
 
 
 def test_leaderboard_page_is_built_from_the_committed_results():
