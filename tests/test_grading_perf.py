@@ -605,3 +605,22 @@ def test_gpu_honest_axpy_scores_where_the_benchmark_says():
     t_bench = float(np.median(bench.time_gpu(ns["axpy_gpu"], [(out, np.float32(1.5), x, y)], repeat=10)))
     assert 0.7 < v.seconds / t_bench < 1.4, (v.seconds, t_bench, v.feedback)
     assert all(d <= w + 1e-4 for d, w in zip(v.details["times_s"], v.details["wall_s"])), v.details
+
+
+def test_how_grading_works_quotes_the_committed_fractions():
+    # the chapter on the method quotes the H100 run's fractions: they must be the committed file's
+    from kernels_src.grading import leaderboard
+
+    data = _evidence("perf_h100.json")
+    if data is None:
+        pytest.skip("no committed H100 run")
+    text = (leaderboard.ROOT / "book" / "how_grading_works.md").read_text(encoding="utf-8")
+    text = " ".join(text.split())
+    rows = {(r["exercise"], r["question"], r["entry"] == "master solution"): r for r in data["results"]}
+    specs = {(slug, s.question): s for slug, ss in perf.all_specs().items() for s in ss}
+    for ex, q, what in (("ch01_axpy", "q2", "copy bandwidth"), ("ch05_gemm", "q3", "cuBLAS")):
+        master, slower, s = rows[(ex, q, True)], rows[(ex, q, False)], specs[(ex, q)]
+        quoted = (f"{100 * master['fraction']:.0f}% of", f"{100 * slower['fraction']:.0f}%",
+                  f"full at {100 * s.full:.0f}%, none at {100 * s.zero:.0f}%")
+        for piece in quoted:
+            assert piece in text, (ex, q, piece)
