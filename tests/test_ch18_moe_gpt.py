@@ -95,3 +95,49 @@ def test_reference_aux_gradient_by_finite_differences():
             ref.p[name][idx] = old
             fd = (lp - lm) / 2e-6
             assert abs(fd - g[name][idx]) <= 1e-6 + 1e-5 * abs(fd), (name, idx, fd, g[name][idx])
+
+
+# ------------------------------------------------------------------ decoding through the dispatcher's "moe" role
+def _check_moe_decode(model, cfg, p, toks):
+    """Every decode step's logits = the float64 reference forward's logits at that position."""
+    ref = ReferenceGPT(cfg, p).forward(np.array([toks]))[0].reshape(len(toks), -1)
+    kv = model.new_cache()
+    for pos, t in enumerate(toks):
+        got = model.decode_step([t], pos, kv)[0]
+        assert np.isfinite(got).all()
+        assert np.abs(got - ref[pos]).max() <= 1e-5 + 1e-4 * np.abs(ref[pos]).max(), pos
+    return model.be.table["moe"]
+
+
+def test_moe_decode_matches_reference_cpu():
+    p = _params(CFG)
+    assert _check_moe_decode(GPT(CFG, p, "cpu"), CFG, p, [3, 17, 0, 28, 5]) == "moe_layer/cpu/course"
+
+
+def test_moe_decode_kv_cache_equals_no_cache():
+    p = _params(CFG)
+    model = GPT(CFG, p, "cpu")
+    assert model.generate([1, 2, 3], 6, cache=True) == model.generate([1, 2, 3], 6, cache=False)
+
+
+@pytest.mark.slow
+def test_moe_decode_matches_reference_gpu_simulated(sim_greenlets):
+    from kernels_src import device
+
+    if not device.GPU_VARIANTS_RUN:
+        pytest.skip(device.REASON)
+    cfg = Config(vocab=7, ctx=8, width=16, heads=2, layers=1, mlp=1, experts=3, topk=2)
+    p = _params(cfg)
+    assert _check_moe_decode(GPT(cfg, p, backend("gpu")), cfg, p, [1, 6, 2]) == "moe_layer/gpu/gemv"
+
+
+@pytest.mark.parametrize("T,k,want", [(1, 2, "gemv"), (4, 2, "gemv"), (5, 2, "course"), (1, 8, "gemv"),
+                                      (3, 3, "course"), (4096, 2, "course")])
+def test_moe_role_gives_few_slots_the_gemv_rung(T, k, want):
+    from kernels_src.runtime.dispatch import DEFAULTS, Dispatcher
+
+    d = Dispatcher("gpu", table={}, check=False).decide("moe", {"T": T, "d": 1024, "f": 3584, "E": 8, "k": k,
+                                                               "S": T * k})
+    assert d.variant == f"moe_layer/gpu/{want}"
+    assert (T * k <= DEFAULTS["moe_gemv_max_slots"]) == (want == "gemv")
+    assert Dispatcher("cpu", table={}).decide("moe", {"T": T, "k": k, "S": T * k}).variant == "moe_layer/cpu/course"

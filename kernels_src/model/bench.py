@@ -107,6 +107,26 @@ def torch_model(cfg, params, host_logits=True):
         a, b = x[..., :D // 2], x[..., D // 2:]
         return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
 
+    def moe(h, i):  # chapter 18's layer as the torch loop over experts a user writes (moe_layer's torch_loop)
+        logits = h @ P[f"h{i}.wr"]
+        w, ids = torch.sort(torch.softmax(logits, dim=-1), dim=-1, descending=True, stable=True)
+        w, ids = w[:, :cfg.topk], ids[:, :cfg.topk]
+        w = w / w.sum(dim=-1, keepdim=True)
+        res = torch.zeros_like(h)
+        for e in range(cfg.experts):
+            tok, j = torch.where(ids == e)
+            if tok.numel() == 0:  # a host synchronisation per expert, as in the usual loop
+                continue
+            xe = h[tok]
+            u = F.silu(xe @ P[f"h{i}.wg"][e]) * (xe @ P[f"h{i}.wu"][e])
+            res = res.index_add(0, tok, (u @ P[f"h{i}.w2"][e]) * w[tok, j].unsqueeze(1))
+        return res
+
+    def mlp(h, i):
+        if cfg.experts:
+            return moe(h.reshape(-1, C), i).view(h.shape)
+        return F.gelu(h @ P[f"h{i}.wfc"]) @ P[f"h{i}.wproj"]
+
     def forward(ids, targets=None):
         B, T = ids.shape
         x = P["wte"][ids]
@@ -118,7 +138,7 @@ def torch_model(cfg, params, host_logits=True):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = x + o.transpose(1, 2).reshape(B, T, C) @ P[f"h{i}.wo"]
             h = F.rms_norm(x, (C,), P[f"h{i}.g2"], eps=1e-5)
-            x = x + F.gelu(h @ P[f"h{i}.wfc"]) @ P[f"h{i}.wproj"]
+            x = x + mlp(h, i)
         logits = F.rms_norm(x, (C,), P["gf"], eps=1e-5) @ P["wte"].T
         if targets is None:
             return logits, None
@@ -138,7 +158,7 @@ def torch_model(cfg, params, host_logits=True):
                 o = F.scaled_dot_product_attention(q, K[:, :, :pos + 1], V[:, :, :pos + 1])
                 x = x + o.reshape(1, C) @ P[f"h{i}.wo"]
                 h = F.rms_norm(x, (C,), P[f"h{i}.g2"], eps=1e-5)
-                x = x + F.gelu(h @ P[f"h{i}.wfc"]) @ P[f"h{i}.wproj"]
+                x = x + mlp(h, i)
             logits = F.rms_norm(x, (C,), P["gf"], eps=1e-5) @ P["wte"].T
             return logits.cpu() if host_logits else logits   # on the device: capturable in a CUDA graph
 
@@ -437,8 +457,129 @@ def main(path, quick=False):
     return res
 
 
+# ------------------------------------------------------------------------------ the MoE model (chapter 18)
+def moe_compare(path, cfg=None, B=16, T=256, pos=POS, reps=5):
+    """python -m kernels_src.model.bench --moe OUT.json: the MoE GPT (MOE_BENCH: the bench model with 8 SwiGLU
+    experts, top 2) against the same model in torch eager (its MoE as the loop over experts a user writes, fp32,
+    TF32 off): logits and loss parity on one batch, training step (forward, backward, AdamW), forward alone,
+    and a batch-1 decode step at position pos (the course's through the dispatcher's "moe" role, eager and,
+    where capture works, as a CUDA graph; torch's loop synchronises with the host once per expert, so it
+    cannot be captured). Written after every stage."""
+    import torch
+
+    from .configs import MOE_BENCH
+
+    cfg = cfg or Config(**MOE_BENCH)
+    res = {"device": device.describe(), "config": cfg.__dict__, "batch": B, "T": T, "tokens": B * T, "pos": pos,
+           "reps": reps, "torch": torch.__version__}
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1, default=float)
+
+    def stage(name, fn):
+        t0 = time.perf_counter()
+        try:
+            res[name] = fn()
+        except Exception as e:  # keep what the other stages measure
+            import traceback
+
+            res[name] = {"error": f"{type(e).__name__}: {e}"[:500], "trace": traceback.format_exc()[-1500:]}
+        print(name, round(time.perf_counter() - t0, 1), "s", json.dumps(res[name], default=float)[:300], flush=True)
+        save()
+
+    params = init_params(cfg, 0)
+    rng = np.random.default_rng(0)
+    ids, tg = rng.integers(0, cfg.vocab, (B, T)), rng.integers(0, cfg.vocab, (B, T))
+    model = GPT(cfg, params, "gpu")
+    res["n_params"] = model.n_params
+
+    def course_train():
+        def step():
+            model.forward(ids, tg)
+            model.backward()
+            model.adamw(1e-4)
+        t = median_time(step, reps=reps)
+        return {"median_s": t, "tokens_per_s": B * T / t}
+
+    def course_forward():
+        t = median_time(lambda: model.forward(ids, tg), reps=reps)
+        return {"median_s": t, "tokens_per_s": B * T / t}
+
+    def course_decode():
+        out = {}
+        for mode in ("eager", "graph"):
+            try:
+                dec = model.decoder(model.new_cache(), mode=mode, quiet=True)
+                first = dec.step([3], pos)
+                t = median_time(lambda: dec.step([3], pos), reps=30, warm=3)
+                out[mode] = {"median_s": t, "tokens_per_s": 1.0 / t, "mode": dec.describe(),
+                             "replay_equals_first": bool(np.array_equal(first, dec.step([3], pos)))}
+            except Exception as e:
+                out[mode] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        out["moe_kernel"] = model.be.table.get("moe")
+        return out
+
+    stage("course_forward", course_forward)
+    stage("course_train_step", course_train)
+    stage("course_decode", course_decode)
+    fresh = GPT(cfg, params, "gpu")
+    c_logits, c_loss = fresh.forward(ids, tg)
+    c_logits = fresh.be.host(c_logits)
+    del fresh, model
+    P, forward, decode = torch_model(cfg, params)
+    ids_t = torch.tensor(ids, device="cuda", dtype=torch.long)
+    tg_t = torch.tensor(tg, device="cuda", dtype=torch.long)
+
+    def parity():
+        with torch.no_grad():
+            lg, loss = forward(ids_t, tg_t)
+        return {"logits": _err(c_logits, lg.cpu().numpy()), "loss": _err(np.array([c_loss]), np.array([loss.item()]))}
+
+    def torch_forward():
+        def f():
+            with torch.no_grad():
+                forward(ids_t, tg_t)
+        t = median_time(f, reps=reps)
+        return {"median_s": t, "tokens_per_s": B * T / t, "what": "torch eager, no_grad"}
+
+    def torch_train():
+        opt = torch.optim.AdamW(list(P.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, fused=True)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            forward(ids_t, tg_t)[1].backward()
+            opt.step()
+        t = median_time(step, reps=reps)
+        return {"median_s": t, "tokens_per_s": B * T / t}
+
+    def torch_decode():
+        H, D = cfg.heads, cfg.head_dim
+        cache = [(torch.zeros(1, H, cfg.ctx, D, device="cuda"), torch.zeros(1, H, cfg.ctx, D, device="cuda"))
+                 for _ in range(cfg.layers)]
+        tok = torch.tensor([3], device="cuda")
+        t = median_time(lambda: decode(tok, pos, cache), reps=30, warm=3)
+        return {"eager": {"median_s": t, "tokens_per_s": 1.0 / t}}
+
+    stage("parity_vs_torch", parity)
+    stage("torch_forward", torch_forward)
+    stage("torch_train_step", torch_train)
+    stage("torch_decode", torch_decode)
+    for a, b, key in (("course_forward", "torch_forward", "forward"), ("course_train_step", "torch_train_step", "train")):
+        if "median_s" in res.get(a, {}) and "median_s" in res.get(b, {}):
+            res[f"vs_torch_{key}"] = res[b]["median_s"] / res[a]["median_s"]
+    for mode in ("eager", "graph"):
+        c, t = res.get("course_decode", {}).get(mode, {}), res.get("torch_decode", {}).get("eager", {})
+        if "median_s" in c and "median_s" in t:
+            res[f"vs_torch_decode_{mode}"] = t["median_s"] / c["median_s"]
+    save()
+    return res
+
+
 if __name__ == "__main__":
-    if "--decode" in sys.argv:
+    if "--moe" in sys.argv:
+        moe_compare([a for a in sys.argv[1:] if not a.startswith("--")][0])
+    elif "--decode" in sys.argv:
         argv = [a for a in sys.argv[1:] if not a.startswith("--")]
         cfgs = [sys.argv[sys.argv.index("--config") + 1]] if "--config" in sys.argv else ["bench", "large"]
         argv = [a for a in argv if a not in cfgs]

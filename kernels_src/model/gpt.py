@@ -11,9 +11,10 @@ plays the role ("gemm", "attention", ...) for this call's shape, dtype and devic
 
 The model keeps no table of its own; ``kernels dispatch --explain train|decode`` prints what each call gets.
 
-With ``Config(experts=E)`` each block's MLP is chapter 18's MoE layer. The dispatcher has no MoE role yet, so
-those calls go straight to the layer's rungs (``moe_layer/{cpu,gpu}/course`` and ``moe_layer_bwd``), not
-through a role; training works, decoding with the KV cache does not (it raises).
+With ``Config(experts=E)`` each block's MLP is chapter 18's MoE layer. Training calls the layer's rungs
+directly (``moe_layer/{cpu,gpu}/course`` and ``moe_layer_bwd``: the load-balancing losses need its buffers);
+decoding with the KV cache goes through the dispatcher's ``moe`` role, which gives a few tokens the GEMV rung
+(``moe_layer/gpu/gemv``, T*k <= moe_gemv_max_slots) and more the grouped rung. Quantized MoE decoding raises.
 
 N = B*T token rows, C width, H heads of D, F = 4C, V vocabulary. Shapes are written where they are used.
 """
@@ -332,8 +333,6 @@ class GPT:
     # --------------------------------------------------------------------------------- decoding
     def new_cache(self, batch=1):
         cfg, be = self.cfg, self.be
-        if cfg.experts:
-            raise NotImplementedError("decoding with the KV cache is not built for the MoE model yet (chapter 18)")
         shape = (batch, cfg.heads, cfg.ctx, cfg.head_dim)
         return [(be.asarray(np.zeros(shape, np.float32)), be.asarray(np.zeros(shape, np.float32)))
                 for _ in range(cfg.layers)]
@@ -404,9 +403,14 @@ class GPT:
             be("decode_attention", o, q.reshape(B, H, D), K, Vc, lengths)
             matmul(att, o.reshape(B, C), f"h{i}.wo")                     # (B,H,D) is already (B,C)
             be("add_rmsnorm", xm, h, r, att, x, p[f"h{i}.g2"])          # xm = att + x; h = norm2(xm)
-            matmul(u, h, f"h{i}.wfc")
-            be("gelu", gl.reshape(-1), u.reshape(-1))
-            matmul(mlp, gl, f"h{i}.wproj")
+            if cfg.experts:  # chapter 18's layer through the dispatcher's "moe" role: few tokens get rung 2 (GEMV)
+                if qweights is not None:
+                    raise NotImplementedError("quantized decoding is not built for the MoE model (chapter 18)")
+                be("moe", mlp, h, *self._moe_weights(i, p), cfg.topk, 1)
+            else:
+                matmul(u, h, f"h{i}.wfc")
+                be("gelu", gl.reshape(-1), u.reshape(-1))
+                matmul(mlp, gl, f"h{i}.wproj")
             g_next = p[f"h{i + 1}.g1"] if i + 1 < cfg.layers else p["gf"]
             be("add_rmsnorm", x, h, r, mlp, xm, g_next)                 # x = mlp + xm; h = the next norm of x
         logits = be.ws("dec.logits", (B, V))

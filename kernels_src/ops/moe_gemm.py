@@ -389,6 +389,73 @@ def grouped_gpu_warptile(Y, X, W, sorted_ids, block_expert, k):
     warptile(True)(Y, X, W, sorted_ids, block_expert, k, X.shape[0] * k)
 
 
+# ------------------------------------------------------------------- torch's grouped product (bf16 only)
+BF16_U = 2.0 ** -8  # bf16 unit roundoff (7 stored mantissa bits)
+
+
+def grouped_bf16_tol(size, dtype):
+    """The inputs rounded to bf16 (relative error <= u = 2^-8 each, so <= 2u per product, independent from
+    product to product): a random walk of ~sqrt(d) u on outputs of size ~sqrt(d); allowed 8 sqrt(d) 2u, plus the
+    output's own rounding if torch returns bf16 (rtol u) and chapter 5's fp32 accumulation allowance."""
+    import math
+
+    d = size[1]
+    rt, at = grouped_tol(size, dtype)
+    return (max(rt, 2 * BF16_U), at + 16 * math.sqrt(d) * BF16_U)
+
+
+def _torch_gpu():
+    from .reductions import torch_gpu
+
+    return torch_gpu()
+
+
+@register("moe_grouped_gemm", "gpu", "torch_grouped_bf16", baseline=True, requires=_torch_gpu,
+          tol=grouped_bf16_tol)
+def grouped_torch_bf16(Y, X, W, sorted_ids, block_expert, k):
+    """torch's own grouped product, ``torch._grouped_mm`` (bf16 in, fp32 out; bf16 is the only input precision
+    it takes): the rows of X gathered through sorted_ids into the padded expert order, one call over all
+    experts with the padded group ends as ``offs``. Timed as a bf16 model would call it: the casts of X and W
+    to bf16 are inside the call (X's cast and gather: T*d + P*d elements; W's cast: E*d*n, about a tenth of the
+    product's time at E 8). Shapes whose rows are not 16-byte aligned (d or n not a multiple of 8) fall back to
+    one bf16 product per expert (check sizes only). Predict: tensor cores at ~half of cuBLAS's bf16 rate,
+    several times the course's fp32 (CUDA-core) warptile at the same FLOPs; a different precision, so not a
+    like-for-like speed-up."""
+    import torch
+
+    from .reductions import torch_view
+
+    tX, tW, tY = torch_view(X), torch_view(W), torch_view(Y)
+    si = torch_view(sorted_ids).long()
+    be = torch_view(block_expert).long()
+    T, d = tX.shape
+    E, _, n = tW.shape
+    P = si.numel()
+    B = P // be.numel()
+    S = T * k
+    valid = si < S
+    A = tX.to(torch.bfloat16)[torch.where(valid, si // k, 0)]  # (P, d), expert-contiguous, padded rows read row 0
+    Wb = tW.to(torch.bfloat16)
+    counts = torch.bincount(be[be >= 0], minlength=E)[:E] * B
+    ends = torch.cumsum(counts, 0)
+    if d % 8 == 0 and n % 8 == 0:
+        try:
+            out = torch._grouped_mm(A, Wb, offs=ends.to(torch.int32), out_dtype=torch.float32)
+        except (TypeError, RuntimeError) as err:  # a torch whose grouped product returns bf16 only
+            if "out_dtype" not in str(err) and "dtype" not in str(err):
+                raise
+            out = torch._grouped_mm(A, Wb, offs=ends.to(torch.int32)).float()
+    else:
+        out = torch.zeros((P, n), dtype=torch.float32, device=tX.device)
+        starts = (ends - counts).tolist()
+        for e, (s0, s1) in enumerate(zip(starts, ends.tolist())):
+            if s1 > s0:
+                out[s0:s1] = A[s0:s1].float() @ Wb[e].float()  # bf16 values, exact in fp32 products
+    rows = torch.arange(P, device=tX.device)
+    keep = valid & (rows < ends[-1])
+    tY.copy_(torch.where(keep[:, None], out, torch.zeros((), device=tX.device)))
+
+
 # ------------------------------------------------------------------------------------------ backward
 def reference_grouped_bwd(dY, X, W, sorted_ids, block_expert, offsets, slot_row, k):
     """dX[t] = sum over the kept slots of t of dY[row] @ W[e]^T; dW[e] = sum over e's rows of X[t]^T dY[row]."""

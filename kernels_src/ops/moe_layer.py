@@ -12,7 +12,9 @@ Cost: 6*S*d*f FLOPs forward (S = T*k) plus the router's 2*T*d*E; twice that back
 
 Ladder (moe_layer): cpu/torch_loop and gpu/torch_loop baselines (the loop over experts a user writes:
   where, gather, three products, index_add_); cpu/course rung 1 and gpu/course rung 1 (the course's kernels,
-  no host synchronisation between them: every buffer is sized by the bound P).
+  no host synchronisation between them: every buffer is sized by the bound P); gpu/gemv rung 2 (few tokens:
+  no align, gate/up+SwiGLU and down+combine as two GEMV-shaped kernels over each slot's expert; the
+  dispatcher's "moe" role gives it T*k <= 8 slots); gpu/graph rung 3 (rung 1 replayed as one CUDA graph).
 Ladder (moe_layer_bwd): cpu/course rung 1, gpu/course rung 1 (the stages' backward rungs in a row).
 """
 import math
@@ -28,7 +30,7 @@ from .moe_align import (ONE_BLOCK_MAX_SLOTS, align_cpu, align_gpu, align_one_blo
                         combine_bwd_prange, combine_prange, combine_vec_gpu)
 from .moe_gemm import (TILE_GPU, WARPTILE_GPU, SIG_WT, F3, dw_kernel, grouped_prange, grouped_smem,
                        make_dw_kernel, make_smem, make_warptile, SIG_SMEM, sum_slots_kernel, warptile)
-from .moe_route import (EPS32, F1, F2, I1, _buf, aux_bwd_cpu, aux_bwd_gpu, padded_rows, quantized,
+from .moe_route import (EPS32, F1, F2, I1, I2, _buf, aux_bwd_cpu, aux_bwd_gpu, padded_rows, quantized,
                         reference_aux_bwd, reference_router,
                         reference_router_bwd, router_bwd_kernel, router_bwd_prange, router_gemm_gpu, router_prange,
                         _threads)
@@ -228,6 +230,159 @@ def layer_torch_loop_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
 
     torch.backends.cuda.matmul.allow_tf32 = False
     _torch_loop(out, x, Wr, Wg, Wu, W2, k, renorm, torch_view)
+
+
+# ------------------------------------------------------------------ rung 2: few tokens (decode), no align
+GV_COLS = 32  # output columns per block: a warp wide, so each K row of W is one 128-byte read per warp
+GV_WARPS = 2 if device.SIMULATED else 8  # warps splitting the reduction of each column (summed in shared memory)
+GEMV_MAX_SLOTS = 8  # the dispatcher's default: T*k slots up to this take rung 2 (each slot reads its experts)
+
+
+def make_gemv_kernels(COLS, WARPS):
+    @cuda.jit(cache=True)
+    def gateup_kernel(H, x, Wg, Wu, ids, k):
+        # H (S,f): slot s = (token t, choice j) gets silu(x_t Wg[e]) * (x_t Wu[e]), e = ids[t, j]. Grid x over
+        # column tiles of f, y over slots; warp wy sums rows wy, wy + WARPS, ... of the d-long reduction.
+        sg = cuda.shared.array((WARPS, COLS), float32)
+        su = cuda.shared.array((WARPS, COLS), float32)
+        lane = cuda.threadIdx.x % COLS
+        wy = cuda.threadIdx.x // COLS
+        s = cuda.blockIdx.y
+        t = s // k
+        e = ids[t, s % k]
+        col = cuda.blockIdx.x * COLS + lane
+        f = H.shape[1]
+        g = float32(0.0)
+        u = float32(0.0)
+        if col < f:
+            for kk in range(wy, x.shape[1], WARPS):
+                xv = x[t, kk]
+                g += xv * Wg[e, kk, col]
+                u += xv * Wu[e, kk, col]
+        sg[wy, lane] = g
+        su[wy, lane] = u
+        cuda.syncthreads()
+        if wy == 0 and col < f:
+            g = float32(0.0)
+            u = float32(0.0)
+            for w_ in range(WARPS):  # a fixed order: deterministic
+                g += sg[w_, lane]
+                u += su[w_, lane]
+            H[s, col] = g / (float32(1.0) + math.exp(-g)) * u
+
+    @cuda.jit(cache=True)
+    def down_combine_kernel(out, H, W2, w, ids, k):
+        # out (T,d): token t's sum over its k choices of w[t,j] * (H[t*k+j] @ W2[e]): the down product and
+        # the weighted combine in one pass, no slot buffer Y. Grid x over column tiles of d, y over tokens.
+        sp = cuda.shared.array((WARPS, COLS), float32)
+        lane = cuda.threadIdx.x % COLS
+        wy = cuda.threadIdx.x // COLS
+        t = cuda.blockIdx.y
+        col = cuda.blockIdx.x * COLS + lane
+        d = out.shape[1]
+        acc = float32(0.0)
+        if col < d:
+            for j in range(k):
+                e = ids[t, j]
+                s = t * k + j
+                part = float32(0.0)
+                for kk in range(wy, H.shape[1], WARPS):
+                    part += H[s, kk] * W2[e, kk, col]
+                acc += w[t, j] * part
+        sp[wy, lane] = acc
+        cuda.syncthreads()
+        if wy == 0 and col < d:
+            acc = float32(0.0)
+            for w_ in range(WARPS):
+                acc += sp[w_, lane]
+            out[t, col] = acc
+
+    return gateup_kernel, down_combine_kernel
+
+
+gateup_gemv_kernel, down_combine_gemv_kernel = make_gemv_kernels(GV_COLS, GV_WARPS)
+SIG_GATEUP = f"void({F2}, {F2}, {F3}, {F3}, {I2}, int64)"
+SIG_DOWN = f"void({F2}, {F2}, {F3}, {F2}, {I2}, int64)"
+
+
+def layer_gemv_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
+    T, d = x.shape
+    E, _, f = Wg.shape
+    S = T * k
+    if T == 0:
+        return None
+    b = dict(logits=_buf("gv_lg", T * E, np.float32).reshape(T, E), w=_buf("gv_w", S, np.float32).reshape(T, k),
+             ids=_buf("gv_ids", S, np.int32).reshape(T, k), H=_buf("gv_H", S * f, np.float32).reshape(S, f))
+    router_gemm_gpu(b["logits"], b["w"], b["ids"], x, Wr, k, renorm)
+    th = GV_COLS * GV_WARPS
+    gateup_gemv_kernel[(ceil_div(f, GV_COLS), S), th](b["H"], x, Wg, Wu, b["ids"], k)
+    down_combine_gemv_kernel[(ceil_div(d, GV_COLS), T), th](out, b["H"], W2, b["w"], b["ids"], k)
+    return b
+
+
+@register("moe_layer", "gpu", "gemv", rung=2,
+          ptx=[(make_gemv_kernels(32, 8)[0], SIG_GATEUP), (make_gemv_kernels(32, 8)[1], SIG_DOWN)])
+def layer_gpu_gemv(out, x, Wr, Wg, Wu, W2, k, renorm):
+    """Few tokens (decode): no align, no padded slots. The router (rung 2), then one launch for every slot's
+    gate and up products with SwiGLU (a block per 32 columns of f and slot; 8 warps split the d-long sum) and
+    one for the down product fused with the weighted combine (a block per 32 columns of d and token). Four
+    launches, against rung 1's eight with two 128-row tiles per expert that are almost all padding. Each slot
+    reads its experts' weights itself: at T 1, k 2 that is 2 x 3 x d x f x 4 bytes = 88 MB at d 1024, f 3584,
+    so predict ~40 us at ~2.5 TB/s plus ~20 us of launches, >= 10x the torch loop (0.85 ms, a host sync per
+    expert). Above a few tokens the slots re-read shared experts' weights: at T 64 (128 slots) 5.6 GB, so
+    the dispatcher keeps this rung to T*k <= 8 slots and rung 1 above."""
+    layer_gemv_gpu(out, x, Wr, Wg, Wu, W2, k, renorm)
+
+
+# ------------------------------------------------------------- rung 3: rung 1's launches as one CUDA graph
+_graphs: dict = {}  # (argument addresses, shapes, k, renorm) -> (StepRunner, scratch addresses it was recorded on)
+
+
+def _scratch_addresses():
+    from ..runtime.graphs import device_pointer
+    from .moe_route import _scratch
+
+    return {key: device_pointer(a) for key, a in _scratch.items()}
+
+
+def layer_graph_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
+    """Rung 1 recorded once per (arguments, shapes) and replayed as one CUDA graph (kernels_src.runtime.graphs).
+    A graph replays the same addresses, so it is recorded again whenever a scratch buffer moved. Above the
+    one-block align (S > ONE_BLOCK_MAX_SLOTS or E > its table) align rung 1 runs chapter 15's scans, which may
+    allocate: there the rung runs rung 1 eagerly. In the simulator (no graphs) it runs rung 1 eagerly."""
+    from ..runtime.graphs import StepRunner, available, device_pointer
+    from .moe_align import one_block_kernel
+
+    T = x.shape[0]
+    E = Wg.shape[0]
+    if (T == 0 or not available()[0] or T * k > ONE_BLOCK_MAX_SLOTS or one_block_kernel(E)[0] is None):
+        return layer_gpu(out, x, Wr, Wg, Wu, W2, k, renorm)
+    key = (tuple(device_pointer(a) for a in (out, x, Wr, Wg, Wu, W2)),
+           tuple(a.shape for a in (out, x, Wr, Wg, Wu, W2)), int(k), int(renorm))
+    have = _graphs.get(key)
+    if have is not None:
+        runner, seen = have
+        now = _scratch_addresses()
+        if all(now.get(name) == ptr for name, ptr in seen.items()):
+            runner()  # one cuGraphLaunch
+            return None
+    if len(_graphs) > 16:  # each graph holds driver resources: keep the recent few
+        _graphs.clear()
+    runner = StepRunner(lambda: layer_gpu(out, x, Wr, Wg, Wu, W2, k, renorm), mode="graph", quiet=True)
+    runner()  # records (runs rung 1 eagerly) and captures the graph
+    runner()  # and replays it once, so that every call's output comes from the graph's path
+    _graphs[key] = (runner, _scratch_addresses())
+    return None
+
+
+@register("moe_layer", "gpu", "graph", rung=3)
+def layer_gpu_graph(out, x, Wr, Wg, Wu, W2, k, renorm):
+    """Rung 1's eight launches (router GEMM and top-k, one-block align, gate, up, SwiGLU, down, combine)
+    captured once and replayed as one CUDA graph: the host's per-launch cost (~5-10 us each through numba)
+    goes, the kernels stay. At T 64 the first run's layer took 1.66 ms, of which the kernels' sum (ncu) is
+    what remains: predict a gain of ~50 us, a few percent, so launches are not what keeps T 64 near 1x; at
+    T 1 the same ~50 us against ~1.2 ms. Above ONE_BLOCK_MAX_SLOTS slots it is rung 1, run eagerly."""
+    layer_graph_gpu(out, x, Wr, Wg, Wu, W2, k, renorm)
 
 
 # --------------------------------------------------------------------------------------- backward

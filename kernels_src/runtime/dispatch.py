@@ -57,6 +57,7 @@ DEFAULTS = {
     "gemv_max_m": 1,  # GEMV for one row (a decode step at batch 1); above, a GEMM
     "splitk_min_k": 1024,  # split K only when each output sums at least this many products...
     "splitk_max_tiles": 132,  # ...and the output has fewer 128x128 tiles than the H100 has SMs
+    "moe_gemv_max_slots": 8,  # MoE layer: up to this many (token, expert) slots, the no-align GEMV rung (ch 18)
 }
 TILE = 128  # the warptile/split-K block tile (gemm.WARPTILE), for counting output tiles
 
@@ -134,6 +135,9 @@ def _shape_of(role, args) -> dict:
     if role.startswith("qgemv_"):
         y, x, w = args[:3]
         return {"N": y.shape[0], "K": x.shape[0]}
+    if role == "moe":  # out (T,d), x (T,d), Wr (d,E), Wg (E,d,f), Wu, W2, k, renorm
+        x, wg, k = args[1], args[3], int(args[6])
+        return {"T": x.shape[0], "d": x.shape[1], "f": wg.shape[2], "E": wg.shape[0], "k": k, "S": x.shape[0] * k}
     shp = getattr(args[0], "shape", ())
     return {"out": "x".join(map(str, shp))} if shp else {}
 
@@ -217,6 +221,13 @@ POLICIES: dict[str, list[Rule]] = {
                    why="the mean loss (ch 7)")],
     "adamw": [_fixed("adamw/cpu/prange", "adamw/gpu/fused_ilp4", "adamw/gpu/fused",
                      why="one fused pass over p, g, m, v (ch 12)")],
+    "moe": [  # chapter 18's layer: router, experts, combine, as one call
+        Rule("gemv", {"cpu": "", "gpu": "moe_layer/gpu/gemv", "sim": "moe_layer/gpu/gemv"},
+             "T*k <= moe_gemv_max_slots (decode): no align, each slot's gate/up and down+combine as GEMVs over its "
+             "experts' weights, four launches (ch 18, rung 2)",
+             lambda s, t: s["S"] <= t["moe_gemv_max_slots"], "T*k <= moe_gemv_max_slots"),
+        _fixed("moe_layer/cpu/course", "moe_layer/gpu/course",
+               why="router, align, grouped warptile products with the gather in the load, combine (ch 18, rung 1)")],
     "decode_attention": [_fixed("decode_attention/cpu/prange", "decode_attention/gpu/bfly",
                                 "decode_attention/gpu/block",
                                 why="flash-decoding: the cache split over 2 blocks per SM, 16-byte rows, the step's dot "
