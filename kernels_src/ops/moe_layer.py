@@ -375,7 +375,8 @@ def layer_graph_gpu(out, x, Wr, Wg, Wu, W2, k, renorm):
     return None
 
 
-@register("moe_layer", "gpu", "graph", rung=3)
+@register("moe_layer", "gpu", "graph", rung=3,
+          ptx=[(make_warptile(**WARPTILE_GPU, gather=False).kernel, SIG_WT)])  # rung 1's kernels (listed there)
 def layer_gpu_graph(out, x, Wr, Wg, Wu, W2, k, renorm):
     """Rung 1's eight launches (router GEMM and top-k, one-block align, gate, up, SwiGLU, down, combine)
     captured once and replayed as one CUDA graph: the host's per-launch cost (~5-10 us each through numba)
