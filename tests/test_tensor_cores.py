@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kernels_src import device
-from kernels_src.compiler import cuda, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, to_tf32
+from kernels_src.compiler import cuda, exp2_approx, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, to_tf32
 from kernels_src.compiler.inline_ptx import frag_a, frag_b, frag_c, tf32_round_bits
 from kernels_src.ops import gemm_tc
 
@@ -193,12 +193,34 @@ def test_a_warp_cut_short_is_an_error_in_the_simulator():
 def test_the_intrinsics_compile_to_mma_sync():
     code = ("from kernels_src.compiler import cuda; import tests.test_tensor_cores as t; "
             "sig = 'void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32[:, ::1])'; "
-            "[print(cuda.compile_ptx(k.py_func, sig, cc=(9, 0))[0]) for k in t.ONE_MMA.values()]")
+            "[print(cuda.compile_ptx(k.py_func, sig, cc=(9, 0))[0]) for k in t.ONE_MMA.values()]; "
+            "print(cuda.compile_ptx(t._exp2_kernel.py_func, 'void(float32[::1], float32[::1])', cc=(9, 0))[0])")
     p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, KERNELS_DEVICE="ptx"), capture_output=True,
                        text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if p.returncode != 0 and "NVVM" in p.stderr and "not" in p.stderr.lower():
         pytest.skip(f"no NVVM to compile PTX with: {p.stderr.strip().splitlines()[-1]}")
     assert p.returncode == 0, p.stderr[-2000:]
     for text in ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "mma.sync.aligned.m16n8k16.row.col.f32.f16",
-                 "mma.sync.aligned.m16n8k16.row.col.f32.bf16", "cvt.rn.f16x2.f32", "cvt.rn.bf16x2.f32"):
+                 "mma.sync.aligned.m16n8k16.row.col.f32.bf16", "cvt.rn.f16x2.f32", "cvt.rn.bf16x2.f32",
+                 "ex2.approx.ftz.f32"):
         assert text in p.stdout, text
+
+
+@cuda.jit
+def _exp2_kernel(out, x):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = exp2_approx(x[i])
+
+
+@needs_kernels
+def test_exp2_approx():
+    """ex2.approx.ftz.f32 (flash attention's exponent): within 2^-21 relative of 2^x, 2^-inf = 0 (a masked score
+    gives a zero weight, never NaN), 2^0 = 1."""
+    x = np.array([-np.inf, 0.0, -1.0, -0.5, -10.25, -100.0, 3.0, -0.001], np.float32)
+    out = cuda.to_device(np.full_like(x, np.nan))
+    _exp2_kernel[1, 32](out, cuda.to_device(x))
+    got = out.copy_to_host().astype(np.float64)
+    want = np.exp2(x.astype(np.float64))
+    assert got[0] == 0.0 and got[1] == 1.0
+    assert np.all(np.abs(got - want) <= 2.0 ** -21 * want)
