@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kernels_src import device
-from kernels_src.compiler import cuda, exp2_approx, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2, to_tf32
+from kernels_src.compiler import (cuda, exp2_approx, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_f16, mma_tf32,
+                                  pack_bf16x2, pack_f16x2, to_tf32, uint32)
 from kernels_src.compiler.inline_ptx import frag_a, frag_b, frag_c, tf32_round_bits
 from kernels_src.ops import gemm_tc
 
@@ -194,7 +195,9 @@ def test_the_intrinsics_compile_to_mma_sync():
     code = ("from kernels_src.compiler import cuda; import tests.test_tensor_cores as t; "
             "sig = 'void(float32[:, ::1], float32[:, ::1], float32[:, ::1], float32[:, ::1])'; "
             "[print(cuda.compile_ptx(k.py_func, sig, cc=(9, 0))[0]) for k in t.ONE_MMA.values()]; "
-            "print(cuda.compile_ptx(t._exp2_kernel.py_func, 'void(float32[::1], float32[::1])', cc=(9, 0))[0])")
+            "print(cuda.compile_ptx(t._exp2_kernel.py_func, 'void(float32[::1], float32[::1])', cc=(9, 0))[0]); "
+            "[print(cuda.compile_ptx(k.py_func, 'void(uint32[:, ::1], uint32[:, ::1])', cc=(9, 0))[0]) "
+            "for k in t.LDM.values()]")
     p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, KERNELS_DEVICE="ptx"), capture_output=True,
                        text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if p.returncode != 0 and "NVVM" in p.stderr and "not" in p.stderr.lower():
@@ -202,7 +205,8 @@ def test_the_intrinsics_compile_to_mma_sync():
     assert p.returncode == 0, p.stderr[-2000:]
     for text in ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", "mma.sync.aligned.m16n8k16.row.col.f32.f16",
                  "mma.sync.aligned.m16n8k16.row.col.f32.bf16", "cvt.rn.f16x2.f32", "cvt.rn.bf16x2.f32",
-                 "ex2.approx.ftz.f32"):
+                 "ex2.approx.ftz.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                 "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"):
         assert text in p.stdout, text
 
 
@@ -224,3 +228,45 @@ def test_exp2_approx():
     want = np.exp2(x.astype(np.float64))
     assert got[0] == 0.0 and got[1] == 1.0
     assert np.all(np.abs(got - want) <= 2.0 ** -21 * want)
+
+
+def _make_ldm_kernel(trans):
+    ld = ldmatrix_x4_trans if trans else ldmatrix_x4
+
+    @cuda.jit
+    def ldm(out, rows):
+        """rows (32, 4) uint32: row r of matrix m (8 values of 16 bits) is rows[8m + r]; stored in shared memory
+        32 bytes apart; lane l points ldmatrix at row l."""
+        sm = cuda.shared.array(256, uint32)
+        lane = cuda.threadIdx.x
+        for k in range(4):
+            sm[8 * lane + k] = rows[lane, k]
+        cuda.syncthreads()
+        r0, r1, r2, r3 = ld(sm, 8 * lane)
+        out[lane, 0] = r0
+        out[lane, 1] = r1
+        out[lane, 2] = r2
+        out[lane, 3] = r3
+
+    return ldm
+
+
+LDM = {t: _make_ldm_kernel(t) for t in (False, True)}
+
+
+@needs_kernels
+@pytest.mark.parametrize("trans", [False, True])
+def test_ldmatrix_x4_gives_the_fragments(trans):
+    """Lane l gets, in register m, row l // 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix m (low half first);
+    with .trans the same of the transposed matrix. Expected values worked out here from the PTX ISA's figure."""
+    rng = np.random.default_rng(11)
+    mats = rng.integers(0, 1 << 16, size=(4, 8, 8), dtype=np.uint32)  # matrix, row, column (16-bit values)
+    rows = (mats[:, :, 0::2] | (mats[:, :, 1::2] << 16)).reshape(32, 4).astype(np.uint32)
+    out = cuda.to_device(np.zeros((32, 4), np.uint32))
+    LDM[trans][1, 32](out, cuda.to_device(rows))
+    got = out.copy_to_host()
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for m in range(4):
+            M = mats[m].T if trans else mats[m]
+            assert got[lane, m] == M[g, 2 * t] | (M[g, 2 * t + 1] << 16), (lane, m)

@@ -159,8 +159,8 @@ else:
 # ------------------------------------------------------------------------------------ the course's intrinsics
 from .vec import load4, store4  # noqa: E402
 from .sysflags import flag_load, flag_store  # noqa: E402
-from .inline_ptx import (dp4a, exp2_approx, mma_bf16, mma_f16, mma_tf32, pack_bf16x2, pack_f16x2,  # noqa: E402
-                         to_tf32)
+from .inline_ptx import (dp4a, exp2_approx, ldmatrix_x4, ldmatrix_x4_trans, mma_bf16, mma_f16,  # noqa: E402
+                         mma_tf32, pack_bf16x2, pack_f16x2, to_tf32)
 from .halfbits import (bf16_to_f32, f16_to_f32, f16bits_to_f32, f32_as_u32, f32_to_bf16, f32_to_f16,  # noqa: E402
                        f32_to_f16bits, u32_as_f32)
 from .cpubits import (cpu_dispatcher_type, float32_from_bits, import_torch_first,  # noqa: E402
@@ -174,7 +174,7 @@ __all__ = ["NAME", "REASON", "TRADE_OFFS", "USE_MLIR", "version", "cuda", "njit"
            "get_num_threads", "typeof", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
            "uint8", "uint16", "uint32", "uint64", "boolean", "void", "types", "fastmath", "fmul_rn", "fadd_rn",
            "int_as_float", "load4", "store4", "flag_load", "flag_store", "dp4a", "mma_tf32", "mma_f16", "mma_bf16", "to_tf32", "pack_f16x2",
-           "pack_bf16x2", "exp2_approx", "float32_from_bits",
+           "pack_bf16x2", "exp2_approx", "ldmatrix_x4", "ldmatrix_x4_trans", "float32_from_bits",
            "bf16_to_f32", "f32_to_bf16", "f16_to_f32", "f32_to_f16", "f16bits_to_f32", "f32_to_f16bits",
            "f32_as_u32", "u32_as_f32",
            "cpu_dispatcher_type", "using_svml", "numba_threads_started", "import_torch_first", "CPU_VECTORS"]

@@ -119,6 +119,15 @@ The intrinsics (each an ``@intrinsic`` emitting llvmlite ``InlineAsm``; in the s
     w = pack_f16x2(lo, hi)      # cvt.rn.f16x2.f32: two floats -> one uint32 of two fp16 (lo in bits 0-15)
     w = pack_bf16x2(lo, hi)     # cvt.rn.bf16x2.f32: the same in bf16
     y = exp2_approx(x)          # ex2.approx.ftz.f32: 2^x on the SFU, one instruction (flash attention's exp)
+    r0, r1, r2, r3 = ldmatrix_x4(smem, i)        # ldmatrix.sync.aligned.m8n8.x4.shared.b16 (see below)
+    r0, r1, r2, r3 = ldmatrix_x4_trans(smem, i)  # the same with .trans
+
+ldmatrix. ``smem`` is a uint32 shared array and ``i`` the word index of a 16-byte row: lanes 8m .. 8m + 7 give the
+rows 0-7 of 8 x 8 matrix m of 16-bit values (m = 0..3). Lane l receives in register m the two values of row l // 4,
+columns 2 (l % 4) and 2 (l % 4) + 1 of matrix m (low half first): exactly an A or B fragment of m16n8k16, in one
+instruction for the warp, whatever the rows' layout. With ``.trans`` it receives rows 2 (l % 4) and 2 (l % 4) + 1 of
+column l // 4 instead: the fragment of the transposed matrix (how FlashAttention reads V). The simulator emulates
+both (all 32 lanes must call it, as on the GPU).
 
 Rounding. A TF32 operand is a float32 with its low 13 mantissa bits ignored: the tensor core reads the top 19
 bits, so an unrounded float is truncated; ``to_tf32`` rounds to nearest first (what cuBLAS does), which
@@ -278,12 +287,43 @@ if _target.SIMULATED:
     def exp2_approx(x):
         return _np.float32(2.0 ** float(x))  # 2^-inf = 0, as ex2.approx gives
 
+    def ldmatrix_reference(rows, lane, m, trans):
+        """Register m of ``lane``: ``rows[m][r]`` is row r of matrix m as 4 words (8 values of 16 bits)."""
+        def half(r, c):
+            w = int(rows[m][r][c >> 1]) & 0xFFFFFFFF
+            return (w >> (16 * (c & 1))) & 0xFFFF
+        if trans:
+            lo, hi = half(2 * (lane & 3), lane >> 2), half(2 * (lane & 3) + 1, lane >> 2)
+        else:
+            lo, hi = half(lane >> 2, 2 * (lane & 3)), half(lane >> 2, 2 * (lane & 3) + 1)
+        return _np.uint32(lo | (hi << 16))
+
+    def _ldmatrix_emulate(arr, i, trans):
+        lane, ex = _warp_exchange()
+        flat = arr.reshape(-1) if arr.ndim != 1 else arr
+        ex["slots"][lane] = [flat[int(i) + k] for k in range(4)]  # this lane's row: 4 words
+        try:
+            ex["barrier"].wait()
+            rows = [[ex["slots"][8 * m + r] for r in range(8)] for m in range(4)]
+            out = tuple(ldmatrix_reference(rows, lane, m, trans) for m in range(4))
+            ex["barrier"].wait()
+        except _threading.BrokenBarrierError:
+            raise RuntimeError("ldmatrix: not every lane of the warp reached it") from None
+        return out
+
+    def ldmatrix_x4(arr, i):
+        return _ldmatrix_emulate(arr, i, False)
+
+    def ldmatrix_x4_trans(arr, i):
+        return _ldmatrix_emulate(arr, i, True)
+
 elif _MLIR:
     def _no_inline_asm(*args):
         raise NotImplementedError("tensor-core intrinsics need inline PTX, which numba-cuda-mlir 0.6 does not have "
                                   "(see kernels_src.compiler.MLIR_GAPS)")
 
     mma_tf32 = mma_f16 = mma_bf16 = to_tf32 = pack_f16x2 = pack_bf16x2 = exp2_approx = _no_inline_asm
+    ldmatrix_x4 = ldmatrix_x4_trans = _no_inline_asm
 
 else:
     _MMA_PTX = {
@@ -373,3 +413,32 @@ else:
             return builder.call(asm, [v])
 
         return types.float32(x), codegen
+
+    def _make_ldmatrix(trans):
+        op = "ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "") + ".shared.b16"
+        text = ("{ .reg .u64 p; .reg .u32 s; cvta.to.shared.u64 p, $4; cvt.u32.u64 s, p; "
+                + op + " {$0, $1, $2, $3}, [s]; }")
+
+        def typer(typingctx, arr, i):
+            if not (isinstance(arr, types.Array) and arr.dtype == types.uint32 and arr.layout == "C"
+                    and isinstance(i, types.Integer)):
+                return None
+            sig = types.UniTuple(types.uint32, 4)(arr, i)
+
+            def codegen(context, builder, sig, args):
+                ary = context.make_array(sig.args[0])(context, builder, args[0])
+                idx = context.cast(builder, args[1], sig.args[1], types.intp)
+                ptr = builder.ptrtoint(builder.gep(ary.data, [idx]), ir.IntType(64))
+                i32 = ir.IntType(32)
+                fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)])
+                res = builder.call(ir.InlineAsm(fty, text, "=r,=r,=r,=r,l", side_effect=True), [ptr])
+                outs = [builder.extract_value(res, k) for k in range(4)]
+                return context.make_tuple(builder, sig.return_type, outs)
+
+            return sig, codegen
+
+        typer.__name__ = "ldmatrix_x4" + ("_trans" if trans else "")
+        typer.__doc__ = f"Four 8 x 8 matrices of 16-bit values from shared memory into fragments: ``{op}``."
+        return intrinsic(typer)
+
+    ldmatrix_x4, ldmatrix_x4_trans = _make_ldmatrix(False), _make_ldmatrix(True)
