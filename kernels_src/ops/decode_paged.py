@@ -15,7 +15,9 @@ Ladder (decode_attention_paged)
   cpu/prange    rung 1  (b, kv head) groups over the cores; each row's address through the table
   gpu/gather    rung 1  copy the pages into a contiguous (B,Hkv,L,D) cache, then decode_attention's rung 6
                         (vec_rows): what a kernel that cannot read pages has to do; runs in the simulator
-  gpu/bfly      rung 2  decode_attention's rung 8 (reduce-scatter butterfly, 16-byte rows, 2 splits per SM) with
+  gpu/vec_rows  rung 2  decode_attention's rung 6 (16-byte rows, warp sums through shared memory) through the
+                        table: the paged addressing of rung 3, in a kernel the simulator runs
+  gpu/bfly      rung 3  decode_attention's rung 8 (reduce-scatter butterfly, 16-byte rows, 2 splits per SM) with
                         each warp step's physical block read from the table (real GPU: shuffles)
   gpu/contiguous baseline decode_attention's rung 8 on a contiguous copy of the same cache (the copy made once,
                         outside the timed calls): the speed the paged rung must stay within 10 % of
@@ -225,26 +227,13 @@ def decode_paged_gather(o, q, k, v, table, lengths):
 
 
 # ------------------------------------------------------- GPU rung 2: rung 8's butterfly through the table
-def make_paged_bfly_kernel(g, dv, page, nw=WARPS, minblocks=None):
-    """decode_attention's rung 8 (make_bfly_kernel) with the row loads mapped through the block table. A warp
-    step's ``rows`` rows start at a multiple of ``rows``; when ``rows`` divides the page size they lie in one
-    page, so the step loads one table entry (the same address in every lane: one broadcast transaction) and
-    then 16-byte row loads exactly as the contiguous kernel does (each row of a head is D contiguous floats,
-    coalesced across the warp). Otherwise every row loads its own entry."""
-    rows = bfly_rows(g)
-    nv = rows * g
-    levels = nv.bit_length() - 1
-    assert nv == 1 << levels and g & (g - 1) == 0
-    sh = 5 - levels
-    nt = 32 * nw
-    dpad = 128 * dv
-    n_q, n_kv = 4 * g * dv, 4 * rows * dv
+def paged_loader(rows, dv, page):
+    """The row loads of rungs 2-3 (decode_attention's load_rows, register layout of its rungs 6-8) with each row's
+    address read through the block table. A warp step's ``rows`` rows start at a multiple of ``rows``; when
+    ``rows`` divides the page size they lie in one page, so the step loads one table entry (the same address in
+    every lane: one broadcast transaction), then 16-byte loads as the contiguous kernel does (a head's row is D
+    contiguous floats, coalesced across the warp). Otherwise every row loads its own entry."""
     one_entry = page % rows == 0
-    load_q, _, merge_warps, empty_split = dec._vec_parts(g, dv, nw)
-    opts = {"fastmath": FAST_MATH}
-    if minblocks and not device.SIMULATED:
-        opts["launch_bounds"] = (nt, minblocks)
-    align = None if device.SIMULATED else 16
 
     @cuda.jit(device=True, inline="always")
     def load_rows_paged(kr, vr, k, v, table, b, kh, r0, hi, lane):
@@ -275,6 +264,126 @@ def make_paged_bfly_kernel(g, dv, page, nw=WARPS, minblocks=None):
                 vr[i + 1] = y1
                 vr[i + 2] = y2
                 vr[i + 3] = y3
+
+    return load_rows_paged
+
+
+def make_paged_vec_kernel(g, dv, page, shuffle, rows=dec.VEC_ROWS, nw=WARPS, minblocks=None):
+    """decode_attention's rungs 6-7 (make_vec_kernel) with the row loads of ``paged_loader``; without
+    ``shuffle`` the warp sums go through shared memory, so the simulator runs it."""
+    nt = 32 * nw
+    dpad = 128 * dv
+    n_q, n_kv, n_sc = 4 * g * dv, 4 * rows * dv, rows * g
+    load_q, _, merge_warps, empty_split = dec._vec_parts(g, dv, nw)
+    load_rows_paged = paged_loader(rows, dv, page)
+    opts = {"fastmath": FAST_MATH}
+    if minblocks and not device.SIMULATED:
+        opts["launch_bounds"] = (nt, minblocks)
+
+    @cuda.jit(device=True, inline="always")
+    def warp_sum(x, buf, tid):
+        if shuffle:
+            off = 16
+            while off > 0:
+                x += cuda.shfl_xor_sync(0xFFFFFFFF, x, off)
+                off //= 2
+            return x
+        buf[tid] = x
+        cuda.syncthreads()
+        w0 = tid - tid % 32
+        s = ZERO
+        for c in range(32):
+            s += buf[w0 + c]
+        cuda.syncthreads()
+        return s
+
+    @cuda.jit(**opts)
+    def paged_vec_kernel(o_part, lse, q, k, v, table, lengths, chunk):
+        buf = cuda.shared.array(nt, float32)
+        wm = cuda.shared.array((nw, g), float32)
+        wl = cuda.shared.array((nw, g), float32)
+        wacc = cuda.shared.array((nw, g, dpad), float32)
+        qv = cuda.local.array(n_q, float32)
+        acc = cuda.local.array(n_q, float32)
+        kr = cuda.local.array(n_kv, float32)
+        vr = cuda.local.array(n_kv, float32)
+        sc = cuda.local.array(n_sc, float32)
+        m = cuda.local.array(g, float32)
+        ls = cuda.local.array(g, float32)
+        split = cuda.blockIdx.x
+        hkv = k.shape[2]
+        b = cuda.blockIdx.y // hkv
+        kh = cuda.blockIdx.y % hkv
+        tid = cuda.threadIdx.x & (nt - 1)
+        lane = tid % 32
+        w = tid // 32
+        scale = float32(1.0) / math.sqrt(float32(q.shape[2]))
+        n = lengths[b]
+        c = filled_chunk(n, cuda.gridDim.x, chunk)
+        lo = split * c
+        hi = min(n, lo + c)
+        if lo >= hi:
+            empty_split(o_part, lse, b, kh, split, tid)
+            return
+        load_q(qv, acc, q, b, kh, lane, scale)
+        for gg in range(g):
+            m[gg] = NEG_INF
+            ls[gg] = ZERO
+        for base in range(lo, hi, nw * rows):
+            r0 = base + w * rows
+            load_rows_paged(kr, vr, k, v, table, b, kh, r0, hi, lane)
+            for r in range(rows):
+                for gg in range(g):
+                    part = ZERO
+                    for x in range(4 * dv):
+                        part += qv[gg * 4 * dv + x] * kr[r * 4 * dv + x]
+                    sc[r * g + gg] = warp_sum(part, buf, tid)
+            for gg in range(g):
+                mt = NEG_INF
+                for r in range(rows):
+                    if r0 + r < hi:
+                        mt = max(mt, sc[r * g + gg])
+                m_new = max(m[gg], mt)
+                if m_new == NEG_INF:
+                    continue
+                alpha = math.exp(m[gg] - m_new) if m[gg] != NEG_INF else ZERO
+                tot = ZERO
+                for x in range(4 * dv):
+                    acc[gg * 4 * dv + x] *= alpha
+                for r in range(rows):
+                    p = math.exp(sc[r * g + gg] - m_new) if r0 + r < hi else ZERO
+                    tot += p
+                    for x in range(4 * dv):
+                        acc[gg * 4 * dv + x] += p * vr[r * 4 * dv + x]
+                ls[gg] = ls[gg] * alpha + tot
+                m[gg] = m_new
+        if lane == 0:
+            for gg in range(g):
+                wm[w, gg] = m[gg]
+                wl[w, gg] = ls[gg]
+        merge_warps(o_part, lse, wm, wl, wacc, acc, b, kh, split, w, lane, tid)
+
+    return paged_vec_kernel
+
+
+def make_paged_bfly_kernel(g, dv, page, nw=WARPS, minblocks=None):
+    """decode_attention's rung 8 (make_bfly_kernel) with the row loads of ``paged_loader``: the same kernel
+    body, each warp step's rows found through the block table."""
+    rows = bfly_rows(g)
+    nv = rows * g
+    levels = nv.bit_length() - 1
+    assert nv == 1 << levels and g & (g - 1) == 0
+    sh = 5 - levels
+    nt = 32 * nw
+    dpad = 128 * dv
+    n_q, n_kv = 4 * g * dv, 4 * rows * dv
+    load_q, _, merge_warps, empty_split = dec._vec_parts(g, dv, nw)
+    opts = {"fastmath": FAST_MATH}
+    if minblocks and not device.SIMULATED:
+        opts["launch_bounds"] = (nt, minblocks)
+    align = None if device.SIMULATED else 16
+
+    load_rows_paged = paged_loader(rows, dv, page)
 
     @cuda.jit(**opts)
     def paged_bfly_kernel(o_part, lse, q, k, v, table, lengths, chunk):
@@ -380,8 +489,15 @@ def make_paged_bfly_kernel(g, dv, page, nw=WARPS, minblocks=None):
 _kernels: dict = {}
 
 
+def paged_vec_kernel(g, dv, page, minblocks=None):
+    key = ("vec", g, dv, page, minblocks)
+    if key not in _kernels:
+        _kernels[key] = make_paged_vec_kernel(g, dv, page, False, minblocks=minblocks)
+    return _kernels[key]
+
+
 def paged_bfly_kernel(g, dv, page, minblocks=None):
-    key = (g, dv, page, minblocks)
+    key = ("bfly", g, dv, page, minblocks)
     if key not in _kernels:
         _kernels[key] = make_paged_bfly_kernel(g, dv, page, minblocks=minblocks)
     return _kernels[key]
@@ -389,6 +505,36 @@ def paged_bfly_kernel(g, dv, page, minblocks=None):
 
 SIG_PAGED = ("void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], float32[:, :, :, ::1], "
              "float32[:, :, :, ::1], int32[:, ::1], int32[::1], int64)")
+
+
+def launch_paged_vec(o, q, k, v, table, lengths):
+    b_n, hq, d = q.shape
+    page, hkv = k.shape[1], k.shape[2]
+    l_max = table.shape[1] * page
+    if d % 4 or not _aligned16(q, k, v):  # 16-byte loads need 16-byte rows: gather, then rung 3 of decode
+        kc, vc = _gather_dev(k, v, table, lengths, "v")
+        dec.launch_rows(False, o, q, kc, vc, lengths)
+        return
+    step = WARPS * dec.VEC_ROWS
+    sms = 16 if device.SIMULATED else cuda.get_current_device().MULTIPROCESSOR_COUNT
+    s = dec.vec_splits(b_n * hkv, l_max, sms, step=step)
+    chunk = ceil_div(ceil_div(l_max, s), step) * step
+    s = ceil_div(l_max, chunk)
+    o_part = scratch((b_n, hq, s, d))
+    lse = scratch((b_n, hq, s))
+    kern = paged_vec_kernel(hq // hkv, ceil_div(d, 128), page, dec.VEC_MIN_BLOCKS)
+    kern[(s, b_n * hkv), 32 * WARPS](o_part, lse, q, k, v, table, lengths, chunk)
+    merge_kernel[b_n * hq, min(128, max(32, dec._dp(d)))](o, o_part, lse)
+
+
+@register("decode_attention_paged", "gpu", "vec_rows", rung=2,
+          ptx=[(paged_vec_kernel(4, 1, 16, dec.VEC_MIN_BLOCKS), SIG_PAGED),
+               (paged_vec_kernel(2, 1, 7, dec.VEC_MIN_BLOCKS), SIG_PAGED), (merge_kernel, dec.SIG_MERGE)])
+def decode_paged_vec_rows(o, q, k, v, table, lengths):
+    """decode_attention's rung 6 (16-byte rows, warp sums through shared memory) reading through the table: the
+    simulator's check of the paged addressing that rung 3 uses. It reads the cache once: predict ~1/3 of the
+    gather rung's time, and rung 6's speed."""
+    launch_paged_vec(o, q, k, v, table, lengths)
 
 
 def launch_paged_bfly(o, q, k, v, table, lengths, minblocks=dec.VEC_MIN_BLOCKS, splits=None):
@@ -412,7 +558,7 @@ def launch_paged_bfly(o, q, k, v, table, lengths, minblocks=dec.VEC_MIN_BLOCKS, 
     merge_kernel[b_n * hq, min(128, max(32, dec._dp(d)))](o, o_part, lse)
 
 
-@register("decode_attention_paged", "gpu", "bfly", rung=2,
+@register("decode_attention_paged", "gpu", "bfly", rung=3,
           ptx=[(paged_bfly_kernel(4, 1, 16, dec.VEC_MIN_BLOCKS), SIG_PAGED),
                (paged_bfly_kernel(1, 1, 7, dec.VEC_MIN_BLOCKS), SIG_PAGED), (merge_kernel, dec.SIG_MERGE)],
           requires=needs_real_gpu)
