@@ -199,6 +199,8 @@ MUTANTS = [
     ("ch11_quantization", "q4", "range not widened to include 0", "lo = 0.0\n        hi = 0.0",
      "lo = math.inf\n        hi = -math.inf"),
     ("ch11_quantization", "q4", "zero point sign flipped", "zp = round(-lo / scale) - 128", "zp = round(lo / scale) - 128"),
+    ("ch11_quantization", "q4", "no clamp to int8", "qv = min(127.0, max(-128.0, round(float(X[m, k]) / scale) + zp))",
+     "qv = round(float(X[m, k]) / scale) + zp"),
     ("ch11_quantization", "q5", "Q4_0 bits per weight for Q8_0", "s[0] = EFF_Q8_0 * bpw[0] / bpw[1]",
      "s[0] = EFF_Q8_0 * bpw[0] / bpw[2]"),
     ("ch12_optimizers", "q4", "half a ulp off by one binade", "math.ldexp(1.0, e - 12)", "math.ldexp(1.0, e - 11)"),

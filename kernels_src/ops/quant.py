@@ -1310,11 +1310,14 @@ def asym_inputs(size, dtype, rng):
 
 
 def asym_edge_inputs(size, dtype, rng):
-    """A row of zeros (scale 1 by convention), an all-positive and an all-negative row, a constant row."""
+    """A row of zeros (scale 1 by convention), an all-positive and an all-negative row, a constant row, and a
+    row whose top value rounds (half to even) one step past 127, so a quantizer without the clamp to int8 is off
+    by one step there (range [-1.5, 253.5]: scale 1, zero point -126, 253.5 -> 254 - 126 = 128)."""
     (X,) = asym_inputs(size, dtype, rng)
     M, K = X.shape
-    rows = [np.zeros(K), np.abs(rng.standard_normal(K)) + 1, -np.abs(rng.standard_normal(K)) - 1, np.full(K, 2.5)]
-    for i, p in enumerate(rng.permutation(M)[:4]):
+    rows = [np.zeros(K), np.abs(rng.standard_normal(K)) + 1, -np.abs(rng.standard_normal(K)) - 1, np.full(K, 2.5),
+            np.r_[[-1.5, 253.5], rng.uniform(-1.5, 253.5, max(K - 2, 0))][:K]]
+    for i, p in enumerate(rng.permutation(M)[:len(rows)]):
         X[p] = rows[i]
     return (X.astype(np.float32),)
 
