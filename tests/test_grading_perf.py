@@ -11,6 +11,7 @@ import pytest
 from kernels_src import device
 from kernels_src.grading import bundle as bundle_mod
 from kernels_src.grading import perf
+from kernels_src.grading import gradescope
 
 N = 1 << 22  # axpy elements: 48 MB of arrays, more than the caches hold, so every repeat streams from memory
 AXPY = perf.PerfSpec(question="q1", function="axpy_cpu", kind="cpu", op="axpy", size=(N,), full=0.5, zero=0.05,
@@ -213,7 +214,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
 
 
 def test_batch_adds_speed_and_leaderboard(tmp_path):
-    from kernels_src.grading import batch, corpus
+    from kernels_src.grading import corpus
 
     nb = corpus.write_ipynb(corpus.solution_submission("ch05_gemm"), tmp_path / "s.ipynb")
     results = {"score": 3.0, "tests": [], "extra_data": {"possible": 10}}
@@ -222,7 +223,7 @@ def test_batch_adds_speed_and_leaderboard(tmp_path):
     orig = perf.all_specs
     try:
         perf.all_specs = lambda: {"ch05_gemm": small}
-        batch.add_speed(results, nb, "ch05_gemm")
+        gradescope.add_speed(results, nb, "ch05_gemm")
     finally:
         perf.all_specs = orig
     assert "speed" in results["extra_data"], results
@@ -500,9 +501,9 @@ def test_gradescope_without_a_gpu_says_so_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(device, "MODE", "sim")
     root = _gradescope_root(tmp_path, monkeypatch)
     results = {"score": 3.0, "output": "checks done", "tests": [{"name": "q1", "score": 3.0, "max_score": 3.0}]}
-    perf.gradescope_speed(results, root)
+    gradescope.gradescope_speed(results, root)
     added = results["output"].split("checks done", 1)[1].strip()
-    assert added == perf.NO_GPU_GRADESCOPE_LINE and len(added.splitlines()) == 1
+    assert added == gradescope.NO_GPU_GRADESCOPE_LINE and len(added.splitlines()) == 1
     assert results["score"] == 3.0 and len(results["tests"]) == 1 and "leaderboard" not in results
     json.dumps(results)
 
@@ -517,7 +518,7 @@ def test_gradescope_with_a_gpu_writes_speed_and_leaderboard(tmp_path, monkeypatc
     monkeypatch.setattr(perf, "grade_perf", _stand_in_verdict)
     root = _gradescope_root(tmp_path, monkeypatch)
     results = {"score": 3.0, "output": "checks done", "tests": [], "extra_data": {"possible": 10}}
-    perf.gradescope_speed(results, root)
+    gradescope.gradescope_speed(results, root)
     specs = perf.all_specs()["ch05_gemm"]
     speed = [t for t in results["tests"] if t["name"].endswith(" speed")]
     assert len(speed) == len(specs) and all(t["max_score"] == s.points and t["score"] == 0.5 * s.points
@@ -541,9 +542,9 @@ def test_run_autograder_adds_the_speed_part(tmp_path, monkeypatch):
     rec = SimpleNamespace(results={"score": 1.0, "output": "checks done", "tests": []}, score=1.0, possible=10,
                           seconds=0.1)
     monkeypatch.setattr(submission, "grade_submission", lambda *a, **k: rec)
-    assert submission.gradescope_main(str(root)) == 0
+    assert gradescope.gradescope_main(str(root)) == 0
     out = json.loads((root / "results" / "results.json").read_text())
-    assert out["output"].endswith(perf.NO_GPU_GRADESCOPE_LINE) and out["score"] == 1.0, out
+    assert out["output"].endswith(gradescope.NO_GPU_GRADESCOPE_LINE) and out["score"] == 1.0, out
 
 
 # ------------------------------------------------------------------- the committed evidence and the page

@@ -30,6 +30,7 @@ import zipfile
 from pathlib import Path
 
 from .exercises import BUILD
+from .gradescope import add_speed
 from .submission import (Autograder, _sha256, find_notebook, grade_submission, load_autograder,
                          write_json_atomic)
 
@@ -218,44 +219,3 @@ def sandbox_summary(weaker: dict, graded: int) -> str:
 
     n = max(weaker.values())
     return f"{weakness_line(list(weaker))} ({n} of {graded} submission(s) graded so.)"
-
-
-_perf_lock = threading.Lock()  # speed questions are timed one at a time, whatever --jobs says
-
-
-def add_speed(results: dict, nb_path, slug: str) -> None:
-    """Grade the speed questions of ``slug`` on the notebook and add them to Gradescope's ``results``: one test
-    each (its points, its report), the ``leaderboard`` field (percent of the ideal per question) and
-    ``extra_data.speed`` (the gradebook's speed column). A failure of the grader costs only the speed part."""
-    from . import bundle as bundle_mod
-    from .perf import all_specs, grade_perf
-
-    specs = all_specs().get(slug, [])
-    if not specs:
-        return
-    extra = results.setdefault("extra_data", {})
-    try:
-        b = bundle_mod.from_notebook(bundle_mod.read_notebook(nb_path))
-        with _perf_lock:
-            verdicts = [grade_perf(s, b) for s in specs]
-    except BaseException as e:  # noqa: BLE001
-        extra["speed_error"] = f"{type(e).__name__}: {e}"
-        return
-    board, speed = [], 0.0
-    for s, v in zip(specs, verdicts):
-        if v.status == "skipped":
-            results.setdefault("tests", []).append({"name": f"{s.question} speed", "output": v.feedback,
-                                                    "visibility": "visible"})
-            continue
-        speed += v.score
-        results.setdefault("tests", []).append({"name": f"{s.question} speed", "score": v.score,
-                                                "max_score": s.points, "output": v.feedback,
-                                                "visibility": "visible"})
-        board.append({"name": f"{s.question} {s.function} (% of ideal)",
-                      "value": round(100 * (v.fraction or 0.0), 1), "order": "desc"})
-    results["score"] = round(float(results.get("score", 0)) + speed, 4)
-    extra["speed"] = round(speed, 4)
-    extra["possible"] = (extra.get("possible") or 0) + sum(s.points for s, v in zip(specs, verdicts)
-                                                            if v.status != "skipped")
-    if board:
-        results["leaderboard"] = board

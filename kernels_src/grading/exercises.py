@@ -215,7 +215,7 @@ RUN_AUTOGRADER = """#!/usr/bin/env bash
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
 PY="${KERNELS_AUTOGRADER_PYTHON:-/autograder/venv/bin/python}"
 export KERNELS_BENCH_DATA="$ROOT/source/course/book/data/bench"
-exec "$PY" -m kernels_src.grading.submission --gradescope "$ROOT"
+exec "$PY" -m kernels_src.grading.gradescope "$ROOT"
 """
 
 

@@ -840,37 +840,3 @@ def compare_output(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, ato
     n_bad = sum(p.n_bad for p in parts)
     return SimpleNamespace(name=name, ok=n_bad == 0, n_bad=n_bad, n_total=int(r.size),
                            max_rel=max(p.max_rel for p in parts))
-
-
-NO_GPU_GRADESCOPE_LINE = ("Speed: no speed score on this grading machine (it has no GPU; the grader's simulator "
-                          "cannot time a kernel). Run `kernels grade --perf` on a GPU to see your fraction of the "
-                          "roofline.")
-
-
-def gradescope_speed(results: dict, root) -> None:
-    """The speed part of ``run_autograder`` (the Gradescope container, ``ROOT/source`` and ``ROOT/submission``):
-    on a machine with a GPU, every speed question of the exercise is graded (:func:`.batch.add_speed`: one
-    test per question with its points and report, ``extra_data.speed``, and Gradescope's optional
-    ``leaderboard`` field: percent of the ideal per question); without one, one line in ``output`` says that
-    no speed score is given. Never raises: a failure here costs only the speed part (``extra_data.speed_error``)."""
-    try:
-        from .. import device
-        from . import submission
-
-        root = Path(root)
-        slug = submission.load_autograder(root / "source").slug
-        specs = all_specs().get(slug, [])
-        if not specs:
-            return
-        if device.MODE != "gpu":
-            results["output"] = (str(results.get("output") or "") + "\n\n" + NO_GPU_GRADESCOPE_LINE).strip()
-            results.setdefault("extra_data", {})["speed"] = "not graded: no GPU"
-            return
-        nb = submission.find_notebook(root / "submission")
-        if nb is None:
-            return
-        from .batch import add_speed
-
-        add_speed(results, nb, slug)
-    except BaseException as e:  # noqa: BLE001
-        results.setdefault("extra_data", {})["speed_error"] = f"{type(e).__name__}: {e}"

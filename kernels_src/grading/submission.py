@@ -571,25 +571,6 @@ def write_json_atomic(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def gradescope_main(root: str) -> int:
-    """``run_autograder``: grade ROOT/submission with ROOT/source into ROOT/results/results.json."""
-    root = Path(root)
-    out = root / "results" / "results.json"
-    try:
-        rec = grade_submission(root / "submission", root / "source", jobs=max(1, os.cpu_count() or 1))
-        from .perf import gradescope_speed  # speed questions: scored on a GPU, one line without one
-
-        gradescope_speed(rec.results, root)
-        write_json_atomic(out, rec.results)
-        print(f"score {rec.score} / {rec.possible} in {rec.seconds:.1f} s")
-    except BaseException as e:  # noqa: BLE001  (whatever happens, Gradescope gets a results file)
-        write_json_atomic(out, {"score": 0, "output": "The autograder failed on this submission (not your fault; "
-                                f"your instructor has been told): {type(e).__name__}: {e}",
-                                "tests": [], "extra_data": {"traceback": traceback.format_exc()[-4000:]}})
-        print(traceback.format_exc(), file=sys.stderr)
-    return 0
-
-
 def self_test(source: str) -> int:
     ag = load_autograder(source)
     print(f"{ag.slug}: {len(ag.specs)} checks in {len(ag.plan)} questions")
@@ -602,11 +583,10 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--otter-child"]:
         return _otter_child(argv[1], int(argv[2]), *(argv[3:5]))
-    if argv[:1] == ["--gradescope"]:
-        return gradescope_main(argv[1] if len(argv) > 1 else "/autograder")
     if argv[:1] == ["--self-test"]:
         return self_test(argv[1])
-    print("usage: python -m kernels_src.grading.submission --gradescope ROOT | --self-test SOURCE", file=sys.stderr)
+    print("usage: python -m kernels_src.grading.submission --self-test SOURCE  (Gradescope's entry is "
+          "python -m kernels_src.grading.gradescope ROOT)", file=sys.stderr)
     return 2
 
 
