@@ -172,7 +172,8 @@ def layer_gpu_course(out, x, Wr, Wg, Wu, W2, k, renorm):
     on cuBLAS): near 1x, not 1.5x. With 64 experts of f 512 the loop is launch-bound (17 ms measured):
     predict >= 5x there. (The first H100 run, with the router's rung 1 and align rung 1, measured 0.92x and
     1.66x; at E = 64 the three grouped products, timed alone, are 2.9 of the layer's 8.9 ms. This rung now
-    uses the router's rung 2 and, up to 16384 slots, align rung 2; checked on the H100, not yet timed.)"""
+    uses the router's rung 2 and, up to 16384 slots, align rung 2: measured 1.05x at E 8 and 6.2x at E 64;
+    Nsight Compute puts 92 % of the E 8 layer in the three grouped products, moe_layer_ncu_e8.json.)"""
     layer_gpu(out, x, Wr, Wg, Wu, W2, k, renorm)
 
 
