@@ -22,11 +22,14 @@ Ladder
                               per block. Bins beyond what shared memory holds are done in chunks (grid y)
   gpu/warp_aggregated rung 3  rung 2, with the lanes of a warp that hit the same bin found by
                               ``match_any_sync`` and one atomic per distinct bin per warp (real GPU only)
+  gpu/lanes         rung 4    a persistent grid, four 16-byte loads per thread in flight, and one copy of
+                              the bins per lane of a warp, interleaved so a warp's 32 atomics hit 32
+                              banks (no conflicts, no collisions, on any data); one merge per block
   gpu/torch         baseline  torch.bincount of the clamped values
 """
 import numpy as np
 
-from ..compiler import cuda, int32, njit, prange, uint32
+from ..compiler import cuda, int32, load4, njit, prange, uint32
 from .. import device
 from ..device import ceil_div
 from ..registry import define_op, register
@@ -79,7 +82,7 @@ def make_edge_inputs(size, dtype, rng):
 SIZES = {"check": [(0, 256, 0), (1, 1, 0), (7, 3, 0), (1000, 256, 0), (4099, 256, 1), (65537, 1000, 1),
                    (10007, 20011, 0)],
          # the simulator's shared histogram holds 256 bins: 600 bins take 3 chunks
-         "check_sim": [(0, 4, 0), (1, 1, 0), (97, 7, 0), (300, 256, 1), (301, 600, 0)],
+         "check_sim": [(0, 4, 0), (1, 1, 0), (97, 7, 0), (300, 256, 1), (301, 600, 0), (2051, 256, 1)],
          "bench": [(1 << 24, 256, 0), (1 << 24, 256, 1), (1 << 24, 65536, 0)],
          "bench_gpu": [(1 << 28, 256, 0), (1 << 28, 256, 1), (1 << 28, 4096, 0), (1 << 28, 4096, 1),
                        (1 << 28, 1 << 20, 0)],
@@ -321,6 +324,124 @@ def hist_gpu_warp_aggregated(counts, x, bins):
     speed within ~10 %)."""
     check_args(counts, x, bins)
     hist_privatized(counts, x, bins, True)
+
+
+# ------------------------------------------------------------------------ rung 4: lane-private bins
+LANES_PRIV_GPU, LANES_PRIV_SIM = 8192, 1024  # int32 words of shared memory (32 KiB on the GPU)
+LANES_UNROLL = 4  # 16-byte loads issued per thread per trip, before any atomic: 64 bytes in flight
+LANES_BLOCKS_PER_SM = 4  # persistent grid: 4 blocks of 256 threads per SM, each looping over the input
+
+
+def lane_copies(bins, priv):
+    """How many copies C of the bins a block keeps (a power of two, at most 32): lane l of every warp counts
+    into copy l % C, stored interleaved (bin b of copy c at word b * C + c). C = 32 when 32 * bins words fit
+    (bins <= 256 on the GPU); 0 when even one copy does not fit."""
+    c = 32
+    while c > 1 and bins * c > priv:
+        c //= 2
+    return c if bins <= priv else 0
+
+
+def make_lanes_kernel(C, PRIV, U):
+    U4 = 4 * U  # a compile-time constant (the local array's size)
+
+    @cuda.jit
+    def hist_lanes_kernel(counts, x, bins):
+        # x (n,) -> counts (bins,), already zeroed. Shared words [b * C + c] hold bin b of copy c; lane l of
+        # every warp of the block adds into copy l % C. With C = 32 the 32 lanes of a warp touch 32 different
+        # banks on every atomic, whatever the values: no bank conflict and no two lanes on one address.
+        sh = cuda.shared.array(PRIV, int32)
+        tid = cuda.threadIdx.x
+        T = cuda.blockDim.x
+        col = tid % C
+        for j in range(tid, bins * C, T):
+            sh[j] = 0
+        cuda.syncthreads()
+        n = x.size
+        n4 = n // 4  # 16-byte groups; the n % 4 last values are done one by one below
+        v = cuda.local.array(U4, int32)
+        g = cuda.blockIdx.x * (U * T) + tid
+        stride = cuda.gridDim.x * (U * T)
+        while g + (U - 1) * T < n4:  # a full trip: U loads issued first, then 4U atomics
+            for u in range(U):
+                v[4 * u], v[4 * u + 1], v[4 * u + 2], v[4 * u + 3] = load4(x, g + u * T)
+            for k in range(U4):
+                cuda.atomic.add(sh, clamp_bin_gpu(v[k], bins) * C + col, 1)
+            g += stride
+        for u in range(U):  # the last, partial trip
+            if g + u * T < n4:
+                a0, a1, a2, a3 = load4(x, g + u * T)
+                cuda.atomic.add(sh, clamp_bin_gpu(a0, bins) * C + col, 1)
+                cuda.atomic.add(sh, clamp_bin_gpu(a1, bins) * C + col, 1)
+                cuda.atomic.add(sh, clamp_bin_gpu(a2, bins) * C + col, 1)
+                cuda.atomic.add(sh, clamp_bin_gpu(a3, bins) * C + col, 1)
+        if cuda.blockIdx.x == 0 and tid < n - 4 * n4:
+            cuda.atomic.add(sh, clamp_bin_gpu(x[4 * n4 + tid], bins) * C + col, 1)
+        cuda.syncthreads()
+        for b in range(tid, bins, T):  # merge: the C copies of bin b, then ONE global atomic per bin
+            s = 0
+            for k in range(C):
+                s += sh[b * C + (k + b) % C]  # rotated start: neighbouring threads read different banks
+            if s != 0:
+                cuda.atomic.add(counts, b, s)
+
+    return hist_lanes_kernel
+
+
+_lk: dict = {}
+
+
+def lanes_kernel(C, PRIV=LANES_PRIV_GPU, U=LANES_UNROLL):
+    key = (C, PRIV, U)
+    if key not in _lk:
+        _lk[key] = make_lanes_kernel(C, PRIV, U)
+    return _lk[key]
+
+
+def _aligned16(a):
+    cai = getattr(a, "__cuda_array_interface__", None)
+    return cai is None or cai["data"][0] % 16 == 0
+
+
+def lanes_plan(n, bins):
+    """(C, PRIV, U, blocks, threads) of rung 4 for n values and ``bins`` bins, or None (rung 2 instead)."""
+    T, _ = _geom()
+    priv = LANES_PRIV_SIM if device.SIMULATED else LANES_PRIV_GPU
+    C = lane_copies(bins, priv)
+    if C == 0:
+        return None
+    U = 2 if device.SIMULATED else LANES_UNROLL
+    if device.SIMULATED:
+        cap = 4
+    else:
+        cap = LANES_BLOCKS_PER_SM * cuda.get_current_device().MULTIPROCESSOR_COUNT
+    return C, priv, U, max(1, min(ceil_div(max(n, 1), 4 * U * T), cap)), T
+
+
+def hist_lanes(counts, x, bins):
+    plan = lanes_plan(x.size, bins)
+    if plan is None or not _aligned16(x):  # more bins than one copy in shared memory: rung 2 (chunks)
+        return hist_privatized(counts, x, bins, False)
+    C, priv, U, blocks, T = plan
+    _zero(counts)
+    if x.size:
+        lanes_kernel(C, priv, U)[blocks, T](counts, x, bins)
+
+
+@register("histogram", "gpu", "lanes", rung=4,
+          ptx=[(zero_kernel, "void(int32[::1])"), (lanes_kernel(32), SIG), (lanes_kernel(2), SIG)])
+def hist_gpu_lanes(counts, x, bins):
+    """Rung 2 rebuilt around the memory system: a persistent grid (4 blocks of 256 threads per SM) loops
+    over x with four 16-byte loads per thread issued before any atomic (64 bytes in flight per thread,
+    64 KiB per SM, where rung 2 had one 4-byte load: 6 KiB), and each lane of a warp counts into its own
+    copy of the bins, interleaved so the 32 lanes always hit 32 different banks (no conflicts, no two lanes
+    on one counter, whatever the data: Zipf input costs what uniform does). The block merges its 32 copies
+    and adds each bin to global memory once. Bytes: 4n read once (1.07 GB at 2^28), so at the H100's
+    ~3 TB/s predict ~0.4 ms, >= 80 % of copy for uniform and Zipf alike, with 2^28 shared atomics at ~4 per
+    SM clock well inside the SM's atomic rate. Up to 256 bins get 32 copies; 4096 bins get 2 (bank
+    conflicts come back); more bins than one copy fits take rung 2."""
+    check_args(counts, x, bins)
+    hist_lanes(counts, x, bins)
 
 
 def _torch_gpu():
