@@ -32,6 +32,12 @@ Edge cases (tested in tests/test_ch12_optimizers.py):
   * first step (t = 1): m' = (1 - b1) g and m_hat = g exactly, v_hat = g^2, so the step is lr * g / (|g| + eps)
     ~ lr * sign(g). Without bias correction it would be (1 - b1)/sqrt(1 - b2) = 3.16x bigger at
     (0.9, 0.999);
+  * infinite weight: torch's rule. torch.optim.Adam/AdamW touch p in the decay term only when wd != 0
+    (``if weight_decay != 0``), and AdamW's decay is p <- p (1 - lr wd): an infinite weight stays infinite,
+    with its sign, and its m, v are those of its gradient (NaN only where lr wd = 1: 0 * inf). Every rung
+    follows it: the kernels add Adam's L2 term ``l2 * p`` only when l2 != 0 (AdamW passes l2 = 0, and
+    ``g + 0 * inf`` was NaN, which also made m and v NaN). Adam's L2 decay with wd != 0 makes the gradient
+    infinite, so m, v are infinite and the step inf/inf is NaN: that parameter is NaN, as in torch;
   * NaN gradient: CHOSEN BEHAVIOUR: the NaN propagates, as in torch: p', m', v' of that element become
     NaN and every other element is unaffected (the step is elementwise). Skipping the step on a non-finite
     gradient is the job of a loss scaler (torch.amp.GradScaler checks before stepping; optim_mixed.py has
@@ -101,10 +107,11 @@ def sgd_momentum_reference(p, g, b, lr, momentum, wd, nesterov):
 
 
 def adam_reference(p, g, m, v, step, lr, beta1, beta2, eps, wd, decoupled=True):
-    """float64 oracle of one Adam (decoupled=False: L2 decay in the gradient) or AdamW step."""
-    if decoupled:
+    """float64 oracle of one Adam (decoupled=False: L2 decay in the gradient) or AdamW step. As in torch, the
+    decay touches p only when wd != 0: with wd = 0 an infinite weight stays infinite (0 * inf would be NaN)."""
+    if wd != 0 and decoupled:
         p = p * (1.0 - lr * wd)
-    else:
+    elif wd != 0:
         g = g + wd * p
     m_new = beta1 * m + (1.0 - beta1) * g
     v_new = beta2 * v + (1.0 - beta2) * g * g
@@ -232,20 +239,38 @@ def make_inputs_clip(size, dtype, rng):
 def make_edge_inputs_clip(size, dtype, rng):
     """Clipping's edge values: one infinite gradient (sign drawn), zeros, -0.0 and 1e-30 elsewhere. By the
     rule of ``clip_scale`` the norm is inf, the scale 0: finite gradients become +-0 and the infinite one NaN,
-    so exactly one parameter comes out NaN. (A NaN gradient makes every output NaN: tested apart.)"""
+    so exactly one parameter comes out NaN. (A NaN gradient makes every output NaN: tested apart.) Two
+    weights are +-inf (where the gradient is finite): they stay +-inf (see ``_inf_weights``)."""
     inputs = list(make_inputs_clip(size, dtype, rng))
     g = inputs[1]
     vals = [float(rng.choice([np.inf, -np.inf])), 0.0, -0.0, 1e-30, -1e-30]
     pos = rng.permutation(g.size)[: len(vals)]
     for k, x in zip(pos, vals):
         g[k] = x
+    _inf_weights(inputs[0], np.setdiff1d(np.arange(g.size), pos[:1]), rng)
     return tuple(inputs)
+
+
+def _inf_weights(p, where, rng):
+    """+inf and -inf into two weights chosen among ``where``: AdamW keeps them infinite (torch's rule: the
+    decay multiplies p by 1 - lr wd, and no term multiplies p by 0); Adam's L2 decay turns them into NaN."""
+    for k, x in zip(rng.permutation(where)[:2], (np.inf, -np.inf)):
+        p[k] = x
+
+
+def make_edge_inputs_multi(size, dtype, rng):
+    """``make_edge_inputs`` of ``adamw`` over the packed buffer of T tensors (size (T, n)), with the lengths of
+    ``make_inputs_multi``: zero, huge, tiny and NaN gradients, a zero state, +-inf weights, step 1."""
+    t, n = size
+    p, g, m, v, step, *h = make_edge_inputs((n,), dtype, rng)
+    return p, g, m, v, tensor_lengths(t, n), step, *h
 
 
 def make_edge_inputs(size, dtype, rng):
     """Gradients an update must survive: exact zeros (with m = v = 0 on some of them), +-1e18 (g^2 =
     1e36 still fits fp32), 1e-30 (g^2 underflows), and NaN (which must come out NaN, only there);
-    step 1 (the largest bias correction). Serves ``sgd_momentum`` (size (n, nesterov)) and ``adamw``
+    step 1 (the largest bias correction); for Adam/AdamW also weights of +inf and -inf (AdamW keeps them
+    infinite, as torch does; Adam's L2 decay makes them NaN). Serves ``sgd_momentum`` (size (n, nesterov)) and ``adamw``
     (size (n,)), told apart by the length of ``size``."""
     if len(size) == 2:
         inputs = list(make_inputs_sgd(size, dtype, rng))
@@ -272,6 +297,7 @@ def make_edge_inputs(size, dtype, rng):
             g[rest[0]] = 1e-5
             inputs[2][rest[0]] = 0.0
             inputs[3][rest[0]] = 0.0
+        _inf_weights(inputs[0], rest[1:], rng)
     return tuple(inputs)
 
 
@@ -308,13 +334,14 @@ define_op("sgd_momentum", reference=sgd_momentum_reference, make_inputs=make_inp
           flops=lambda s: 5 * s[0], bytes=lambda s, b: 5 * s[0] * b)
 define_op("adam", reference=adam_l2_reference, make_inputs=make_inputs_adamw, chapter=12,
           title="Adam step (L2 decay in the gradient)", size_names=("n",), kind="memory", tol=TOL,
-          output_names=ADAM_OUT, sizes=SIZES_1D, flops=lambda s: 13 * s[0], bytes=lambda s, b: 7 * s[0] * b)
+          edge_inputs=make_edge_inputs, output_names=ADAM_OUT, sizes=SIZES_1D, flops=lambda s: 13 * s[0], bytes=lambda s, b: 7 * s[0] * b)
 define_op("adamw", reference=adamw_reference, make_inputs=make_inputs_adamw, chapter=12,
           title="AdamW step (decoupled weight decay)", size_names=("n",), kind="memory", tol=TOL,
-          output_names=ADAM_OUT, sizes=SIZES_1D, flops=lambda s: 13 * s[0], bytes=lambda s, b: 7 * s[0] * b)
+          edge_inputs=make_edge_inputs, output_names=ADAM_OUT, sizes=SIZES_1D, flops=lambda s: 13 * s[0], bytes=lambda s, b: 7 * s[0] * b)
 N_SWEEP = 1 << 24
 define_op("adamw_multi", reference=adamw_multi_reference, make_inputs=make_inputs_multi, chapter=12,
           title="AdamW over T tensors", size_names=("T", "n"), kind="memory", tol=TOL, output_names=ADAM_OUT,
+          edge_inputs=make_edge_inputs_multi,
           sizes={"check": [(1, 1), (3, 7), (5, 1000), (17, 4099), (40, 70001)],
                  "check_sim": [(1, 1), (3, 7), (4, 300)],
                  "bench": [(1, 1 << 20), (64, 1 << 20)],
@@ -361,7 +388,8 @@ def sgd_momentum_prange(p_new, b_new, p, g, b, lr, momentum, wd, nesterov):
 
 @njit(cache=True, inline="always")
 def _adam_elem(p, g, m, v, decay, l2, b1, omb1, b2, omb2, step_size, inv_sqrt_bc2, eps):
-    g = g + l2 * p
+    if l2 != 0:  # Adam's L2 term only: AdamW passes l2 = 0, and g + 0 * inf is NaN for an infinite weight
+        g = g + l2 * p
     p = p * decay
     m = b1 * m + omb1 * g
     v = b2 * v + omb2 * g * g
@@ -432,6 +460,54 @@ def adamw_clip_loop(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps
     _adam_clip_loop(p_new, m_new, v_new, p, g, m, v, scale, decay, *rest)
 
 
+@register("adam", "cpu", "prange", rung=2)
+def adam_prange(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps, wd):
+    """Rung 1 split over the cores with prange (issue 36): 28 B/param and ~13 FLOPs, a sqrt and a divide per
+    param, which SIMD hides behind DRAM. Predict >= 70 % of the parallel copy rate (rung 1 was ~23 %)."""
+    _adam_prange(p_new, m_new, v_new, p, g, m, v, *_adam_coeffs(step, lr, beta1, beta2, eps, wd, False))
+
+
+CLIP_CHUNKS = 64  # fixed number of partial sums: the same additions in the same order on 1 core or 64
+
+
+@njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
+def _sumsq_chunks(partials, g):
+    n = g.size
+    per = (n + CLIP_CHUNKS - 1) // CLIP_CHUNKS
+    for c in prange(CLIP_CHUNKS):
+        s = 0.0  # float64 accumulator, as in _sumsq
+        for i in range(c * per, min(n, (c + 1) * per)):
+            x = np.float64(g[i])
+            s += x * x
+        partials[c] = s
+
+
+@njit(cache=True, parallel=True)
+def _adam_clip_prange(p_new, m_new, v_new, p, g, m, v, scale, decay, b1, omb1, b2, omb2, step_size, isb, eps):
+    for i in prange(p.size):
+        p_new[i], m_new[i], v_new[i] = _adam_elem(p[i], scale * g[i], m[i], v[i], decay, np.float32(0.0), b1, omb1, b2,
+                                                  omb2, step_size, isb, eps)
+
+
+@register("adamw_clip", "cpu", "prange", rung=2)
+def adamw_clip_prange(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps, wd, max_norm):
+    """Both passes over the cores. Pass 1: CLIP_CHUNKS = 64 fixed chunks, each a float64 sum of squares,
+    added in chunk order on the host, so the norm (and every output) is the same bit for bit whatever the
+    thread count; pass 2 the AdamW loop under prange. 32 B/param over two passes: predict >= 70 % of copy."""
+    partials = np.empty(CLIP_CHUNKS, dtype=np.float64)
+    _sumsq_chunks(partials, g)
+    scale = _clip_from_sumsq(_ordered_sum(partials), max_norm)
+    decay, _, *rest = _adam_coeffs(step, lr, beta1, beta2, eps, wd)
+    _adam_clip_prange(p_new, m_new, v_new, p, g, m, v, np.float32(scale), decay, *rest)
+
+
+def _ordered_sum(partials):
+    s = 0.0
+    for x in partials:
+        s += float(x)
+    return s
+
+
 # ========================================================================================== GPU
 V1 = "float32[::1]"
 SIG_ADAM = f"void({', '.join([V1] * 7)}, {', '.join(['float32'] * 9)})"
@@ -439,8 +515,10 @@ SIG_ADAM = f"void({', '.join([V1] * 7)}, {', '.join(['float32'] * 9)})"
 
 @cuda.jit(device=True, inline=True)
 def adam_elem(p, g, m, v, decay, l2, b1, omb1, b2, omb2, step_size, inv_sqrt_bc2, eps):
-    """One parameter's Adam/AdamW update in float32 (l2 = 0, decay = 1 - lr wd: AdamW)."""
-    g = g + l2 * p
+    """One parameter's Adam/AdamW update in float32 (l2 = 0, decay = 1 - lr wd: AdamW). The L2 term only
+    when l2 != 0 (a branch every thread takes the same way): 0 * inf would turn an infinite weight into NaN."""
+    if l2 != 0:
+        g = g + l2 * p
     p = p * decay
     m = b1 * m + omb1 * g
     v = b2 * v + omb2 * g * g
@@ -1040,6 +1118,27 @@ define_op("adam_first_update", reference=first_update_reference, make_inputs=mak
 def adam_first_update_loop(du_bc, du_nobc, g, lr, beta1, beta2, eps):
     """The two first-step updates side by side, in float64 arithmetic per element."""
     _first_update_loop(du_bc, du_nobc, g, lr, beta1, beta2, eps)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _first_update_prange(du_bc, du_nobc, g, a_bc, s_bc, a_nobc, s_nobc, eps):
+    for i in prange(g.size):
+        x = np.float64(g[i])
+        ax = abs(x)
+        du_bc[i] = a_bc * x / (s_bc * ax + eps)
+        du_nobc[i] = a_nobc * x / (s_nobc * ax + eps)
+
+
+@register("adam_first_update", "cpu", "prange", rung=2)
+def adam_first_update_prange(du_bc, du_nobc, g, lr, beta1, beta2, eps):
+    """The constants hoisted to the host (m/(1-b1) = g, sqrt(v) = sqrt(1-b2)|g|: no sqrt per element), NumPy's
+    error model (no zero-division check in the loop, so LLVM vectorizes the divide) and prange: 12 B/param,
+    predict >= 70 % of copy (rung 1, a scalar libm sqrt and two checked divides per element, ran at ~3 %)."""
+    a_bc = -lr
+    s_bc = 1.0  # sqrt(v / (1 - b2)) = |g|
+    a_nobc = -lr * (1.0 - beta1)
+    s_nobc = math.sqrt(1.0 - beta2)
+    _first_update_prange(du_bc, du_nobc, g, a_bc, s_bc, a_nobc, s_nobc, eps)
 
 
 def make_inputs_vanish(size, dtype, rng):
