@@ -19,8 +19,9 @@ each answered, in this order, by
     splitk   K >= splitk_min_k and fewer than splitk_max_tiles 128x128 output tiles: chapter 5's rung 12
     large    everything else: chapter 5's warptile GEMM (rung 11); the simulator takes rung 2, CPUs rung 6
 
-and the quantized products (qgemv_q8_0, qgemv_q4_0) go to the dequantizing GEMV of chapter 11 (rung 6, weights
-repacked once; K a multiple of 32). Other roles have one rule per device: the fastest correct rung that the op's chapter measured, with
+and the quantized products (qgemv_q8_0, qgemv_q4_0) go to the dequantizing GEMV of chapter 11 (weights repacked
+once; K a multiple of 32): rung 8 for small products (K*N <= qgemv_split_max_weights: a decode step's, latency
+bound), rung 6 for large ones. Other roles have one rule per device: the fastest correct rung that the op's chapter measured, with
 a shape guard where a kernel has a limit (flash attention: head size D <= 128, 48 KiB of shared memory).
 
 Thresholds come from the device's table (``kernels autotune`` writes it; ``tables/<device>.json``, chosen by
@@ -58,6 +59,9 @@ DEFAULTS = {
     "splitk_min_k": 1024,  # split K only when each output sums at least this many products...
     "splitk_max_tiles": 132,  # ...and the output has fewer 128x128 tiles than the H100 has SMs
     "moe_gemv_max_slots": 8,  # MoE layer: up to this many (token, expert) slots, the no-align GEMV rung (ch 18)
+    # quantized GEMV: rung 8 (packed_split) up to this many weights (the large capstone's biggest decode product
+    # is 768 x 3072 = 2.4 M), rung 6 above, where the sweep at 4096^2-8192^2 measured it (ch 11)
+    "qgemv_split_max_weights": 1 << 22,
 }
 TILE = 128  # the warptile/split-K block tile (gemm.WARPTILE), for counting output tiles
 
@@ -232,7 +236,12 @@ POLICIES: dict[str, list[Rule]] = {
                                 "decode_attention/gpu/block",
                                 why="flash-decoding: the cache split over 2 blocks per SM, 16-byte rows, the step's dot "
                                 "products summed by one butterfly; the rows per split follow the filled length (ch 10)")],
-    **{f"qgemv_{f}": [_fixed(f"qgemv_{f}/cpu/fused_prange", f"qgemv_{f}/gpu/packed_warp", f"qgemv_{f}/gpu/warp_per_row",
+    **{f"qgemv_{f}": [Rule("small", {"cpu": "", "gpu": f"qgemv_{f}/gpu/packed_split", "sim": f"qgemv_{f}/gpu/packed_split"},
+                           "K*N <= qgemv_split_max_weights (a decode step's products): bound by one warp's instruction "
+                           "latency, not DRAM, so one 16-byte chunk a lane and several warps per long row (ch 11, rung 8)",
+                           lambda s, t: s["K"] % 32 == 0 and s["K"] * s["N"] <= t["qgemv_split_max_weights"],
+                           "K a multiple of 32 and K*N <= qgemv_split_max_weights"),
+                      _fixed(f"qgemv_{f}/cpu/fused_prange", f"qgemv_{f}/gpu/packed_warp", f"qgemv_{f}/gpu/warp_per_row",
                              why="weights repacked once for 16-byte loads, a warp per output row, several loads in "
                              "flight per lane; x stays fp32 (ch 11, rung 6)",
                              when=lambda s, t: s["K"] % 32 == 0, limit="K a multiple of 32")] for f in ("q8_0", "q4_0")},
