@@ -32,6 +32,9 @@ Ladder (decode_attention)
                         occupancy and waves (attention_plan.choose_splits)
   gpu/vec_rows  rung 6  rows read as 16-byte loads, 8 rows per warp per step, 4 blocks per SM
   gpu/vec_shfl  rung 7  rung 6 with shuffles (real GPU)
+  gpu/bfly      rung 8  rung 7 with the step's rows x G dot products summed by one reduce-scatter butterfly
+  gpu/bfly_fused rung 9 rung 8 in one kernel: the last block of each head (an atomic counter per head) merges
+                        the partials; make_bfly_kernel is one factory for rungs 8-9 and the paged op's kernels
   gpu/sdpa      baseline torch.nn.functional.scaled_dot_product_attention(enable_gqa=True)
   gpu/matmul    baseline the grouped step written with torch matmuls and softmax
 
@@ -41,7 +44,7 @@ Caches of 1024 rows or more are full (the benchmark counts every row); shorter o
 import math
 
 import numpy as np
-from ..compiler import cuda, float32, load4, njit, prange
+from ..compiler import cuda, float32, int32, load4, njit, prange, store4
 
 from ..paths import BENCH_DATA
 from .. import device
@@ -629,6 +632,27 @@ def kv_append_decode_cpu(o, k, v, q, k_new, v_new):
     decode_loop(o, q, k, v, np.full(q.shape[0], k.shape[2], dtype=np.int32))
 
 
+@njit(parallel=True, cache=False, fastmath=FAST_MATH, error_model="numpy")
+def append_prange(k, v, k_new, v_new):
+    b_n, t_n, hkv, d_n = k_new.shape
+    for bh in prange(b_n * hkv):  # each (batch, kv head) owns one contiguous (T, D) slab of the cache
+        b = bh // hkv
+        h = bh % hkv
+        for t in range(t_n):
+            for d in range(d_n):
+                k[b, h, t, d] = k_new[b, t, h, d]
+                v[b, h, t, d] = v_new[b, t, h, d]
+
+
+@register("kv_append_decode", "cpu", "prange", rung=2)
+def kv_append_decode_prange(o, k, v, q, k_new, v_new):
+    """Both halves over the cores (issue 36): the append by (batch, kv head), each writing its own contiguous
+    slab of the cache (D floats read contiguously per token), then decode_attention's prange rung. Rung 1 ran
+    both serially at ~22 % of copy; predict >= 70 %."""
+    append_prange(k, v, k_new, v_new)
+    decode_prange(o, q, k, v, np.full(q.shape[0], k.shape[2], dtype=np.int32))
+
+
 # --------------------------------------------------- GPU rungs 3-4: rows per warp, registers only
 WARPS = 4  # warps per block of rungs 3-4
 ROWS = 4  # cache rows per warp per step (their 2*ROWS*D/32 loads per lane are issued together)
@@ -1114,10 +1138,105 @@ def bfly_rows(g):
     return max(1, min(VEC_ROWS, 32 // g))
 
 
-def make_bfly_kernel(g, dv, nw=WARPS, minblocks=None):
+def contiguous_loader(rows, dv):
+    """The row loads of rung 8 for a contiguous cache K, V (B,Hkv,L,D), in the loader signature that
+    ``make_bfly_kernel`` takes (the paged op passes its own, which reads each step's page from a block table)."""
+    load_rows = _vec_parts(1, dv, WARPS)[1]
+
+    @cuda.jit(device=True, inline="always")
+    def load_rows_contiguous(kr, vr, k, v, table, b, kh, r0, hi, lane):
+        head0 = (b * k.shape[1] + kh) * k.shape[2]  # first cache row of this (b, kv head)
+        load_rows(kr, vr, k, v, head0, r0, hi, lane, rows)
+
+    return load_rows_contiguous
+
+
+def _merge_last(g, dv, nw):
+    """The merge of rung 9, folded into the split blocks: every block publishes its partial (m, l, o) as rung 8
+    does, then counts itself done on its head's counter; the block that brings the count to S (the last to
+    finish) merges the S partials of its G heads and writes o, and sets the counter back to 0 for the next call.
+
+    The fences (the same two rules as chapter 15's look-back): a writer's stores of o_part and lse, then
+    ``cuda.threadfence()`` in every thread that stored, then the block's barrier, then ONE atomic add: whoever
+    sees the count also sees the partials. The last block fences again before it reads them. It reads them with
+    plain loads, which is safe only because no block of this launch read those lines before (the launch's L1s
+    start empty, only last blocks read partials, and each head's partials start on a 128-byte line of their own:
+    the launcher pads them, see ``fused_scratch``). Its threads each own one 16-byte group of one head's output
+    and walk the splits 8 at a time, loads issued together (the merge kernel's lone loop waited on each load)."""
+    nt = 32 * nw
+    ahead = 8  # splits whose loads are issued together
+
+    @cuda.jit(device=True, inline="always")
+    def merge_last(o, o_part, lse, counter, flag, b, kh, hkv, tid):
+        cuda.threadfence()  # this thread's partial stores, before the count (rule 2)
+        cuda.syncthreads()
+        if tid == 0:
+            c = b * hkv + kh
+            done = cuda.atomic.add(counter, c, 1)
+            last = done == cuda.gridDim.x - 1
+            flag[0] = 1 if last else 0
+            if last:
+                cuda.atomic.exch(counter, c, 0)  # every split of this head has counted: ready for the next call
+        cuda.syncthreads()
+        if flag[0] == 0:
+            return
+        cuda.threadfence()  # the count before the partials (rule 3)
+        s_n = cuda.gridDim.x
+        d4 = o.shape[2] // 4
+        dp4 = o_part.shape[3] // 4
+        ls_ = cuda.local.array(ahead, float32)
+        xs = cuda.local.array((ahead, 4), float32)
+        for j in range(tid, g * d4, nt):
+            gg = j // d4
+            e = j % d4
+            h = kh * g + gg
+            m = NEG_INF
+            tot = ZERO
+            a0 = a1 = a2 = a3 = ZERO
+            row0 = ((b * o_part.shape[1] + h) * o_part.shape[2]) * dp4 + e
+            for s0 in range(0, s_n, ahead):
+                for u in range(ahead):  # issue the group's loads first
+                    s = s0 + u
+                    ls_[u] = NEG_INF
+                    xs[u, 0] = xs[u, 1] = xs[u, 2] = xs[u, 3] = ZERO
+                    if s < s_n:
+                        ls_[u] = lse[b, h, s]
+                        xs[u, 0], xs[u, 1], xs[u, 2], xs[u, 3] = load4(o_part, row0 + s * dp4)
+                mc = m
+                for u in range(ahead):
+                    mc = max(mc, ls_[u])
+                if mc == NEG_INF:
+                    continue
+                al = math.exp(m - mc) if m != NEG_INF else ZERO
+                tot *= al
+                a0 *= al
+                a1 *= al
+                a2 *= al
+                a3 *= al
+                for u in range(ahead):
+                    wgt = math.exp(ls_[u] - mc) if ls_[u] != NEG_INF else ZERO
+                    tot += wgt
+                    a0 += wgt * xs[u, 0]
+                    a1 += wgt * xs[u, 1]
+                    a2 += wgt * xs[u, 2]
+                    a3 += wgt * xs[u, 3]
+                m = mc
+            inv = ONE / tot if tot > ZERO else ZERO
+            store4(o, (b * o.shape[1] + h) * d4 + e, a0 * inv, a1 * inv, a2 * inv, a3 * inv)
+
+    return merge_last
+
+
+def make_bfly_kernel(g, dv, nw=WARPS, minblocks=None, loader=None, paged=False, fused=False):
     """Rung 7's block and register layout with the butterfly above. Needs g a power of two <= 32; with
     NV = rows * g < 32 sums, the butterfly runs log2(NV) levels from bit 16 down and the remaining low lane
-    bits are summed by plain shuffles, so lanes j and j' with j >> SH == j' >> SH hold the same sum."""
+    bits are summed by plain shuffles, so lanes j and j' with j >> SH == j' >> SH hold the same sum.
+
+    One factory for every kernel with this body: ``loader`` is the device function that loads a warp step's rows
+    (default: ``contiguous_loader``; the paged op passes one that reads the block table, ``paged=True`` giving the
+    kernel its table argument); ``fused`` folds the merge into the last block to finish (rung 9, ``_merge_last``).
+    Signatures: contiguous (o_part, lse, q, k, v, lengths, chunk), paged (o_part, lse, q, k, v, table, lengths,
+    chunk); fused ones take (o, o_part, lse, counter, ...) first."""
     rows = bfly_rows(g)
     nv = rows * g
     levels = nv.bit_length() - 1
@@ -1126,14 +1245,16 @@ def make_bfly_kernel(g, dv, nw=WARPS, minblocks=None):
     nt = 32 * nw
     dpad = 128 * dv
     n_q, n_kv = 4 * g * dv, 4 * rows * dv
-    load_q, load_rows, merge_warps, empty_split = _vec_parts(g, dv, nw)
+    load_q, _, merge_warps, empty_split = _vec_parts(g, dv, nw)
+    load_step = loader if loader is not None else contiguous_loader(rows, dv)
+    merge_last = _merge_last(g, dv, nw)
     opts = {"fastmath": FAST_MATH}
     if minblocks and not device.SIMULATED:
         opts["launch_bounds"] = (nt, minblocks)
     align = None if device.SIMULATED else 16
 
-    @cuda.jit(**opts)
-    def bfly_kernel(o_part, lse, q, k, v, lengths, chunk):
+    @cuda.jit(device=True, inline="always")
+    def body(o_part, lse, q, k, v, table, lengths, chunk, hkv):
         pw = cuda.shared.array((nw, 32), float32, alignment=align)  # this step's weights p[r * g + gg]
         aw = cuda.shared.array((nw, 32), float32)  # this step's rescale factor of each head
         wm = cuda.shared.array((nw, g), float32)
@@ -1145,7 +1266,6 @@ def make_bfly_kernel(g, dv, nw=WARPS, minblocks=None):
         vr = cuda.local.array(n_kv, float32)
         vals = cuda.local.array(nv, float32)
         split = cuda.blockIdx.x
-        hkv = k.shape[1]
         b = cuda.blockIdx.y // hkv
         kh = cuda.blockIdx.y % hkv
         tid = cuda.threadIdx.x & (nt - 1)
@@ -1156,7 +1276,7 @@ def make_bfly_kernel(g, dv, nw=WARPS, minblocks=None):
         c = filled_chunk(n, cuda.gridDim.x, chunk)
         lo = split * c
         hi = min(n, lo + c)
-        if lo >= hi:
+        if lo >= hi:  # a split past the filled rows: an empty partial, nothing read
             empty_split(o_part, lse, b, kh, split, tid)
             return
         load_q(qv, acc, q, b, kh, lane, scale)
@@ -1164,10 +1284,9 @@ def make_bfly_kernel(g, dv, nw=WARPS, minblocks=None):
         rmine = mine // g
         m_l = NEG_INF  # running max and sum of head mine % g (the same in every lane of that head)
         l_l = ZERO
-        head0 = (b * hkv + kh) * k.shape[2]
         for base in range(lo, hi, nw * rows):
             r0 = base + w * rows
-            load_rows(kr, vr, k, v, head0, r0, hi, lane, rows)
+            load_step(kr, vr, k, v, table, b, kh, r0, hi, lane)
             for r in range(rows):
                 for gg in range(g):
                     part = ZERO
@@ -1231,6 +1350,31 @@ def make_bfly_kernel(g, dv, nw=WARPS, minblocks=None):
             wl[w, mine] = l_l
         merge_warps(o_part, lse, wm, wl, wacc, acc, b, kh, split, w, lane, tid)
 
+    @cuda.jit(device=True, inline="always")
+    def finish(o, o_part, lse, counter, k_heads):
+        flag = cuda.shared.array(1, int32)
+        tid = cuda.threadIdx.x & (nt - 1)
+        merge_last(o, o_part, lse, counter, flag, cuda.blockIdx.y // k_heads, cuda.blockIdx.y % k_heads, k_heads, tid)
+
+    if paged and fused:
+        @cuda.jit(**opts)
+        def bfly_kernel(o, o_part, lse, counter, q, k, v, table, lengths, chunk):
+            body(o_part, lse, q, k, v, table, lengths, chunk, k.shape[2])
+            finish(o, o_part, lse, counter, k.shape[2])
+    elif paged:
+        @cuda.jit(**opts)
+        def bfly_kernel(o_part, lse, q, k, v, table, lengths, chunk):
+            body(o_part, lse, q, k, v, table, lengths, chunk, k.shape[2])
+    elif fused:
+        @cuda.jit(**opts)
+        def bfly_kernel(o, o_part, lse, counter, q, k, v, lengths, chunk):
+            body(o_part, lse, q, k, v, lengths, lengths, chunk, k.shape[1])
+            finish(o, o_part, lse, counter, k.shape[1])
+    else:
+        @cuda.jit(**opts)
+        def bfly_kernel(o_part, lse, q, k, v, lengths, chunk):
+            body(o_part, lse, q, k, v, lengths, lengths, chunk, k.shape[1])
+
     return bfly_kernel
 
 
@@ -1269,6 +1413,67 @@ def decode_attention_bfly(o, q, k, v, lengths):
     through shared memory. Predict ~2x fewer instructions per byte than rung 7 and >= 85 % of copy bandwidth
     at L = 32768."""
     launch_bfly(o, q, k, v, lengths)
+
+
+# ------------------------------------------- GPU rung 9: the merge folded into the last block of each head
+# The profile at L = 4096 (decode_attention_ncu_4096_gpu.json): rung 8's split kernel 19 us, the merge kernel 9 us
+# (32 blocks, each thread walking the 32 splits one dependent load after another), and a launch gap between them.
+# Rung 9 keeps rung 8's body and ends each block with _merge_last: one kernel, no second launch.
+SIG_FUSED = ("void(float32[:, :, ::1], float32[:, :, :, ::1], float32[:, :, ::1], int32[::1], float32[:, :, ::1], "
+             "float32[:, :, :, ::1], float32[:, :, :, ::1], int32[::1], int64)")
+_counters: dict = {}
+
+
+def fused_scratch(b_n, hq, hkv, s, d):
+    """Rung 9's workspaces: o_part (B,Hq,S,Dp) with Dp = D rounded up to 32 floats and lse (B,Hq,Sp) with Sp = S
+    rounded up to 32, so that each head's partials start on a 128-byte line no other head shares (the last
+    block reads them with plain loads: see _merge_last); and one int32 counter per (b, kv head), zeroed once
+    (each launch's last blocks leave them at 0 again)."""
+    o_part = scratch((b_n, hq, s, ceil_div(d, 32) * 32))
+    lse = scratch((b_n, hq, ceil_div(s, 32) * 32))
+    cnt = _counters.get(b_n * hkv)
+    if cnt is None:
+        cnt = _counters[b_n * hkv] = cuda.to_device(np.zeros(b_n * hkv, np.int32))
+    return o_part, lse, cnt
+
+
+def fused_kernel(g, dv, minblocks=None):
+    key = ("bfly_fused", g, dv, minblocks)
+    if key not in _kernels:
+        _kernels[key] = make_bfly_kernel(g, dv, minblocks=minblocks, fused=True)
+    return _kernels[key]
+
+
+def launch_fused(o, q, k, v, lengths, minblocks=VEC_MIN_BLOCKS, splits=None):
+    b_n, hq, d = q.shape
+    hkv, l_max = k.shape[1], k.shape[2]
+    g = hq // hkv
+    if d % 4 or g & (g - 1) or g > 32 or not _aligned16(o, q, k, v):
+        launch_vec(True, o, q, k, v, lengths)  # rung 7 takes what the butterfly cannot
+        return
+    step = WARPS * bfly_rows(g)
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    s = splits or vec_splits(b_n * hkv, l_max, sms, step=step)
+    chunk = ceil_div(ceil_div(l_max, s), step) * step
+    s = ceil_div(l_max, chunk)
+    o_part, lse, cnt = fused_scratch(b_n, hq, hkv, s, d)
+    fused_kernel(g, ceil_div(d, 128), minblocks)[(s, b_n * hkv), 32 * WARPS](o, o_part, lse, cnt, q, k, v, lengths,
+                                                                             chunk)
+
+
+@register("decode_attention", "gpu", "bfly_fused", rung=9,
+          ptx=[(fused_kernel(4, 1, VEC_MIN_BLOCKS), SIG_FUSED), (fused_kernel(1, 1, VEC_MIN_BLOCKS), SIG_FUSED)],
+          requires=needs_real_gpu)
+def decode_attention_bfly_fused(o, q, k, v, lengths):
+    """Rung 8 in ONE kernel: each split block writes its partial (m, l, o) and counts itself done on an atomic
+    counter of its head; the block that finishes last merges the head's S partials (fences as in chapter 15's
+    look-back), 8 splits' loads in flight per thread.
+
+    Rung 8 at L = 4096 took 26 us in the bench: ~19 us of split kernel, ~9 us of merge kernel, a launch gap.
+    The fused merge is 32 splits x 512 floats per head, from L2, 4 rounds of 8 loads per thread (~1-2 us on the
+    critical path). Predict ~16-18 us at L = 4096 (~65 % of copy: the split kernel's own start-up and tail are
+    what is left) and >= 90 % of copy at L = 32768."""
+    launch_fused(o, q, k, v, lengths)
 
 
 def make_edge_inputs(size, dtype, rng):
