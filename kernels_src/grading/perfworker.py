@@ -92,7 +92,7 @@ def perf_job(job, where, result) -> None:
 
     from .. import device
     from . import kernelpack
-    from .worker import _exc_info, _progress, _replay, compiled_problems, precompile
+    from .worker import _exc_info, _progress, compiled_problems, precompile
 
     ctl = int(job["ctl_fd"])
     _progress("rebuilding your functions from their source")
@@ -227,41 +227,18 @@ def perf_job(job, where, result) -> None:
 
 
 def _replay_gpu(made, plan, real, plan_arrays, cache) -> None:
-    """The recorded launches on a real GPU, on this run's fresh device arrays (as ``worker._replay`` does in the
-    simulator). Arrays the launcher made (scratch, given constants) are copied to the device once."""
-    import numpy as np
-
+    """The recorded launches on a real GPU, on this run's fresh device arrays, through the exec run's own builder
+    (:func:`.replay.replay_launches`): arrays the launcher made (scratch, given constants) copied to the device
+    once (again when the host changed them between launches), scalar inputs with this run's fresh values, no views.
+    Host writes to the device arrays go through a host copy."""
     from .. import device
-    from .worker import host_writes, launch_recorded, scalar_arg, write_flat
+    from .replay import host_writes, replay_launches, write_flat
 
-    cuda = device.cuda
-
-    def apply_host_writes(writes):  # device arrays: through a host copy
+    def apply_writes(writes):
         for d, idx, val in host_writes(writes, real, plan_arrays):
             h = d.copy_to_host()
             write_flat(h.reshape(-1), idx, val)
             d.copy_to_device(h)
 
-    for la in plan["launches"]:
-        apply_host_writes(la.get("host_writes"))
-        kernel = made.get(la["kernel"])
-        if kernel is None or la["module"] != "submission":
-            continue
-        args = []
-        for a in la["args"]:
-            kind = a["kind"]
-            if kind in ("out", "in"):
-                args.append(real[(kind, a["k"])])
-            elif kind == "made":
-                if a["id"] not in cache:
-                    cache[a["id"]] = cuda.to_device(np.array(plan_arrays[a["key"]], copy=True))
-                args.append(cache[a["id"]])
-            elif kind == "scalar" and a.get("input") is not None:  # an input's value: this run's fresh one
-                args.append(scalar_arg(dict(a, value=real[("scalar", a["input"])].item())))
-            elif kind == "scalar":
-                args.append(scalar_arg(a))
-            else:
-                raise TypeError(f"a kernel argument of kind {kind!r} (a view of an array) is not supported by "
-                                "speed questions: pass whole arrays")
-        launch_recorded(kernel, la, args)
-    apply_host_writes(plan.get("end_writes"))
+    replay_launches(made, plan, real, plan_arrays, cache, device.cuda.to_device, apply_writes, scalars=real,
+                    views=False)
