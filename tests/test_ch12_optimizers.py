@@ -172,6 +172,102 @@ def test_nan_gradient_propagates_to_that_element_only(key):
         assert np.isnan(out[1]) and np.isfinite(out[[0, 2, 3]]).all()
 
 
+def _inf_weight_case(key, wd=H["wd"]):
+    """p = [+inf, -inf, 1, -2] with finite gradients, in the calling convention of the variant's op."""
+    v = _available(key)
+    p = np.array([np.inf, -np.inf, 1.0, -2.0])
+    g = np.array([0.5, -0.25, 1.0, 0.0])
+    m, vv = 0.1 * np.ones(4), 0.04 * np.ones(4)
+    base = _adamw_case(g, p=p, m=m, v=vv, step=3, wd=wd)
+    if v.op == "adamw_multi":
+        return base[:4] + ((1, 3),) + base[4:]
+    if v.op == "adamw_clip":
+        return base + (100.0,)  # ||g|| < 100: no clipping
+    return base
+
+
+def _torch_adamw_by_hand(p, g, m, v, step, lr, b1, b2, eps, wd):
+    """torch.optim.AdamW's single-tensor arithmetic written out in float32 NumPy (not the code under test):
+    ``if weight_decay != 0: param.mul_(1 - lr * weight_decay)``, then the moments, then
+    ``param.addcdiv_(exp_avg, denom, value=-step_size)`` with denom = sqrt(v) / sqrt(bc2) + eps."""
+    f = np.float32
+    if wd != 0:
+        p = p * f(1 - lr * wd)
+    m = m * f(b1) + g * f(1 - b1)
+    v = v * f(b2) + g * g * f(1 - b2)
+    denom = np.sqrt(v) / f(math.sqrt(1 - b2**step)) + f(eps)
+    return p - f(lr / (1 - b1**step)) * m / denom, m, v
+
+
+@pytest.mark.parametrize("wd", [H["wd"], 0.0])
+@pytest.mark.parametrize("key", _keys("adamw") + _keys("adamw_multi") + _keys("adamw_clip"))
+def test_infinite_weight_stays_infinite(key, wd):
+    """torch's rule for an infinite weight: AdamW multiplies p by 1 - lr wd (and only when wd != 0), so +-inf
+    stays +-inf and its m, v are its gradient's, finite. Before the fix the kernels computed g + 0 * p (Adam's L2
+    term with l2 = 0): NaN, which made p, m and v NaN. Checked against the float64 reference and against torch's
+    arithmetic written out by hand."""
+    inputs = _inf_weight_case(key, wd)
+    with np.errstate(all="ignore"):
+        got, _ = _edge_check(key, inputs)
+    p, m, v = got
+    assert p[0] == np.inf and p[1] == -np.inf
+    assert np.isfinite(m).all() and np.isfinite(v).all() and np.isfinite(p[2:]).all()
+    hyper = (3, H["lr"], H["beta1"], H["beta2"], H["eps"], wd)
+    tp, tm, tv = _torch_adamw_by_hand(*(np.asarray(a, np.float32) for a in (inputs[0], inputs[1], inputs[2], inputs[3])),
+                                      *hyper)
+    np.testing.assert_array_equal(p[:2], tp[:2])
+    np.testing.assert_allclose(p[2:], tp[2:], rtol=1e-6)
+    np.testing.assert_allclose(m, tm, rtol=1e-6)
+    np.testing.assert_allclose(v, tv, rtol=1e-6)
+
+
+@pytest.mark.parametrize("key", _keys("adam"))
+def test_adam_l2_infinite_weight(key):
+    """Adam's L2 decay puts wd p into the gradient: an infinite weight gives infinite m and v and the step
+    inf / inf = NaN (torch: grad.add(param, alpha=wd), the same arithmetic); with wd = 0 torch skips the term
+    and the weight stays infinite, so must every rung (0 * inf would be NaN)."""
+    with np.errstate(all="ignore"):
+        got, _ = _edge_check(key, _inf_weight_case(key))
+    p, m, v = got
+    assert np.isnan(p[:2]).all() and m[0] == np.inf and m[1] == -np.inf and (v[:2] == np.inf).all()
+    assert np.isfinite(p[2:]).all()
+    with np.errstate(all="ignore"):
+        got, _ = _edge_check(key, _inf_weight_case(key, wd=0.0))
+    assert got[0][0] == np.inf and got[0][1] == -np.inf and np.isfinite(got[1]).all()
+
+
+@pytest.mark.parametrize("key", _keys("adamw_mixed"))
+def test_mixed_infinite_master_weight_stays_infinite(key):
+    """The mixed-precision step follows the same rule: an infinite fp32 master weight stays infinite and its bf16
+    copy is bf16's inf (0x7F80 / 0xFF80)."""
+    v = _available(key)
+    op = kernels_src.get_op(v.op)
+    rng = np.random.default_rng(5)
+    p, g16, m, vv, step, *hyper = op.make_inputs((8,), np.dtype("float32"), rng)
+    p[:2] = [np.inf, -np.inf]
+    inputs = (p, g16, m, vv, step, *hyper)
+    refs = parity.reference_outputs(op, inputs)
+    with np.errstate(all="ignore"):
+        got = parity.run_variant(v, inputs, parity.empty_outputs(refs, "float32"))
+    for name, gg, r in zip(op.output_names, got, refs):
+        rep = parity.compare(name, gg, r, 1e-5, 1e-6)
+        assert rep.ok, "\n".join(rep.lines())
+    assert got[0][0] == np.inf and got[0][1] == -np.inf and int(got[3][0]) == 0x7F80 and int(got[3][1]) == 0xFF80
+    assert np.isfinite(got[1]).all() and np.isfinite(got[2]).all()
+
+
+def test_edge_inputs_hold_infinite_weights():
+    rng = np.random.default_rng(1)
+    for size, make in [((50,), optim.make_edge_inputs), ((3, 50), optim.make_edge_inputs_multi),
+                       ((50,), optim.make_edge_inputs_clip)]:
+        p = make(size, np.dtype("float32"), rng)[0]
+        assert (p == np.inf).sum() == 1 and (p == -np.inf).sum() == 1
+    for name in ("adam", "adamw", "adamw_multi", "adamw_clip"):
+        from kernels_src.registry import find_edge_inputs
+
+        assert find_edge_inputs(kernels_src.get_op(name), module_fallback=False) is not None
+
+
 @pytest.mark.parametrize("key", _keys("adamw_clip"))
 def test_clip_nan_gradient_poisons_everything(key):
     """With global-norm clipping one NaN makes the norm NaN, so every parameter becomes NaN (as torch's

@@ -222,10 +222,12 @@ EDGE_G = [0.0, -0.0, 1e-30, -1e-39, 1e18, -1e18, np.inf, np.nan]  # bf16 holds a
 def make_edge_inputs_mixed(size, dtype, rng):
     """Gradients 0, -0, 1e-30, a bf16 subnormal, +-1e18 (g^2 fits fp32; beyond ~1.8e19 it overflows, the
     limit optim.py documents), inf and NaN (that parameter and its m, v come out NaN, its bf16 weight 0x7FC0);
-    a zero state (m = v = 0) at the zero gradients; step 1."""
+    a zero state (m = v = 0) at the zero gradients; step 1; master weights +-inf (they stay +-inf, bf16 0x7F80 /
+    0xFF80: torch's AdamW rule, see optim.py)."""
     p, g16, m, v, step, *hyper = make_inputs_mixed(size, dtype, rng)
     g = bf16_value(g16)
     _sprinkle(g, rng, EDGE_G)
+    _sprinkle(p, rng, [np.inf, -np.inf])
     z = g == 0
     m[z], v[z] = 0.0, 0.0
     return (p, bf16_bits_rne(g), m, v, 1, *hyper)
