@@ -70,15 +70,18 @@ def prediction(op: str, variant: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1].rsplit(" ", 1)[0] + " …"
 
 
-def bench_table(result: dict, size=None,
-                columns=("variant", "rung", "median", "GFLOP/s", "GB/s", "frac", "vs_base", "predicted"),
-                skip=()) -> str:
+def bench_table(result: dict, size=None, columns=None, skip=()) -> str:
     """A Markdown table of one benchmark file (all sizes, or one). The "predicted" column is each rung's
-    prediction from the registry, printed beside what was measured."""
+    prediction from the registry, printed beside what was measured.
+
+    By default a memory-bound op shows GB/s and a compute-bound op GFLOP/s, not both: the article column
+    is about 750 px wide, and the table must fit it with its last column, the prediction, wrapping."""
     memory = result.get("kind") == "memory"
-    header = {"variant": "variant", "rung": "rung", "size": "size", "median": "median time",
+    if columns is None:
+        columns = ("variant", "rung", "median", "GB/s" if memory else "GFLOP/s", "frac", "vs_base", "predicted")
+    header = {"variant": "variant", "rung": "rung", "size": "size", "median": "median",
               "GFLOP/s": "GFLOP/s", "GB/s": "GB/s", "frac": "% of copy BW" if memory else "% of compute yardstick",
-              "vs_base": "speed vs baseline", "predicted": "predicted (the rung's docstring)"}
+              "vs_base": "vs baseline", "predicted": "predicted (the rung's docstring)"}
     cols = list(columns)
     if size is None and len({tuple(r["size"]) for r in rows(result)}) > 1:
         cols.insert(0, "size")
@@ -88,11 +91,14 @@ def bench_table(result: dict, size=None,
             continue
         frac = r.get("frac_copy_bw") if memory else r.get("frac_compute_peak")
         cell = {"variant": f"`{r['variant']}`", "rung": "baseline" if r["baseline"] else str(r["rung"]),
-                "size": r["size_label"], "median": _fmt_time(r["median_s"]), "GFLOP/s": f"{r['gflops']:,.1f}",
+                "size": r["size_label"].replace("x", "x\u200b"), "median": _fmt_time(r["median_s"]), "GFLOP/s": f"{r['gflops']:,.1f}",
                 "GB/s": f"{r['gbps']:,.1f}", "frac": f"{100 * frac:.1f} %" if frac is not None else "–",
                 "vs_base": f"{r['vs_baseline']:.2f}×" if "vs_baseline" in r else "–",
                 "predicted": (prediction(result["op"], r["variant"]) or "–") if not r["baseline"] else "–"}
-        lines.append("| " + " | ".join(cell[c] for c in cols) + " |")
+        # A number and its unit never split across lines (the prose cells may wrap; a size such as
+        # 4x16x2048x64 may break after an x, at the zero-width space).
+        lines.append("| " + " | ".join(cell[c] if c == "predicted" else cell[c].replace(" ", "\u00a0")
+                                       for c in cols) + " |")
     return "\n".join(lines)
 
 
