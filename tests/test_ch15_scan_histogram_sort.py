@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from kernels_src.ops import histogram, scan, sort
+from kernels_src.ops import histogram, scan, segmented_scan, sort
 from kernels_src.parity import poison
 
 
@@ -97,3 +97,97 @@ def test_bad_inputs_raise_clear_errors():
     for k in (-1, 4):
         with pytest.raises(ValueError, match="k must be in"):
             sort.topk_radix_cpu(np.empty(3, np.float32), np.empty(3, np.int32), np.ones(3, np.float32), k)
+
+
+# ------------------------------------------------------------------------------------------- segmented scan
+def _per_segment_cumsum(x, offsets):
+    """An oracle independent of the reference's doubling: one float64 (int64) cumsum per segment."""
+    wide = np.float64 if x.dtype.kind == "f" else np.int64
+    out = np.empty(x.size, wide)
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        out[a:b] = np.cumsum(x[a:b], dtype=wide)
+    return out if x.dtype.kind == "f" else out.astype(x.dtype)  # int64 -> int32 wraps as int32 does
+
+
+def _segmented_rungs():
+    from kernels_src import device
+
+    fns = [segmented_scan.seq, segmented_scan.two_pass, segmented_scan.numpy_minus_start]
+    if device.MODE in ("sim", "gpu"):
+        fns.append(segmented_scan.one_block)
+    return fns
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+@pytest.mark.parametrize("case", ["empty_segments", "one_segment", "every_element", "heads_at_ends"])
+def test_segmented_scan_awkward_segments(case, dtype):
+    rng = np.random.default_rng(11)
+    n = 71  # spans three simulator tiles of 32
+    (x,) = scan.make_inputs((n,), dtype, rng)
+    offsets = {"empty_segments": [0, 0, 5, 5, 5, 33, 64, 64, 70, 71, 71],  # empty ones first, between, last
+               "one_segment": [0, n],
+               "every_element": list(range(n + 1)),
+               "heads_at_ends": [0, 31, 32, 63, 64, 70, 71]}[case]
+    heads = segmented_scan.heads_from_offsets(offsets, n)
+    expect = _per_segment_cumsum(x, np.array(offsets))
+    ref = segmented_scan.reference(x, heads)
+    rtol, _ = segmented_scan.seg_tol((n,), np.dtype(dtype))
+    if dtype == np.int32:
+        assert np.array_equal(ref, expect)
+    else:
+        np.testing.assert_allclose(ref, expect, rtol=1e-12)
+    if case == "one_segment":
+        assert np.array_equal(ref, scan.reference(x))
+    if case == "every_element":
+        assert np.array_equal(ref, x.astype(ref.dtype))
+    for fn in _segmented_rungs():
+        out = poison(np.empty(n, dtype))
+        if fn is segmented_scan.one_block:
+            from kernels_src.compiler import cuda
+
+            d_out = cuda.to_device(out)
+            fn(d_out, cuda.to_device(x), cuda.to_device(heads))
+            out = d_out.copy_to_host()
+        else:
+            fn(out, x, heads)
+        if dtype == np.int32:
+            assert np.array_equal(out, expect), fn.__name__
+        else:
+            assert np.all(np.abs(out - expect) <= rtol * np.abs(expect)), fn.__name__
+
+
+def test_segmented_scan_offsets_must_be_valid():
+    for bad in ([], [1, 3], [0, 2], [0, 3, 2, 4]):
+        with pytest.raises(ValueError, match="offsets must start at 0"):
+            segmented_scan.heads_from_offsets(bad, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.int32, np.float32])
+def test_single_pass_rungs_over_many_tiles_and_misaligned(dtype):
+    """Rung 5 of scan and the decoupled segmented rung on the real GPU: many tiles (the look-back walks
+    windows of 32 predecessors), sizes that are not multiples of 4 or of the tile, repeated launches (epochs),
+    and a view that starts 4 bytes into its buffer (the 16-byte loads must step aside)."""
+    from kernels_src.compiler import cuda
+
+    rng = np.random.default_rng(5)
+    for n in (scan.DL_TILE * 40 + 3, (1 << 22) + 1):
+        (x,) = scan.make_inputs((n + 1,), dtype, rng)
+        heads = np.where(rng.random(n + 1) < 1e-4, 1, 0).astype(np.int32)
+        heads[scan.DL_TILE * np.arange(1, 5)] = 1  # heads exactly on tile starts
+        d_x, d_h = cuda.to_device(x), cuda.to_device(heads)
+        rtol, _ = scan.scan_tol((n,), np.dtype(dtype))
+        for views in ((d_x[:n], d_h[:n], x[:n], heads[:n]), (d_x[1:], d_h[1:], x[1:], heads[1:])):
+            dx, dh, hx, hh = views
+            cases = ((scan.scan_gpu_decoupled, (dx,), scan.reference(hx)),
+                     (scan.scan_exclusive_gpu_decoupled, (dx,), scan.reference_exclusive(hx)),
+                     (segmented_scan.decoupled, (dx, dh), segmented_scan.reference(hx, hh)))
+            for _ in range(3):  # the same buffers again: the epoch, not a clear, retires old descriptors
+                for fn, args, ref in cases:
+                    d_out = cuda.to_device(poison(np.empty(n, dtype)))
+                    fn(d_out, *args)
+                    out = d_out.copy_to_host()
+                    if dtype == np.int32:
+                        assert np.array_equal(out, ref), (fn.__name__, n)
+                    else:
+                        assert np.all(np.abs(out - ref) <= rtol * np.abs(ref) + 0.0), (fn.__name__, n)
