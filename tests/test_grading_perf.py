@@ -331,6 +331,69 @@ def gemv_splitk_gpu(y, x, W):
     assert v.status == "fail" and v.score == 0 and "run 1 of 3" in v.feedback, v.feedback
 
 
+# A launcher with arrays of its own: a scratch buffer (``cuda.device_array``) and a constant it changes on the host
+# between its two launches. The replay must make both, and copy the constant's new value in before the second
+# launch (replay.kernel_args); before the two replays shared one builder, the speed path kept the first value.
+GPU_MADE = """import numpy as np
+from numba import float32
+from kernels_src.device import ceil_div, cuda
+
+COLS, KSLICE = 32, 16
+
+
+@cuda.jit
+def partial_kernel(part, x, W, c):
+    n = cuda.blockIdx.x * COLS + cuda.threadIdx.x
+    s = cuda.blockIdx.y
+    k0 = s * KSLICE
+    k1 = min(k0 + KSLICE, x.size)
+    if n < part.shape[1]:
+        acc = float32(0.0)
+        for k in range(k0, k1):
+            acc += x[k] * W[k, n]
+        part[s, n] = acc * c[0]
+
+
+@cuda.jit
+def sum_kernel(y, part, c):
+    n = cuda.grid(1)
+    if n < y.size:
+        acc = float32(0.0)
+        for s in range(part.shape[0]):
+            acc += part[s, n]
+        y[n] = acc * c[0]
+
+
+def gemv_splitk_gpu(y, x, W):
+    K, N = W.shape
+    S = ceil_div(K, KSLICE)
+    part = cuda.device_array((S, N), dtype=np.float32)
+    c = cuda.to_device(np.full(1, 4.0, np.float32))
+    partial_kernel[(ceil_div(N, COLS), S), COLS](part, x, W, c)
+    c.copy_to_device(np.full(1, 0.25, np.float32))  # the host changes it: the sums come out x 4 x 0.25
+    sum_kernel[ceil_div(N, 128), 128](y, part, c)
+"""
+GEMV_MADE = dataclasses.replace(GEMV, kernels=("partial_kernel", "sum_kernel"))
+
+
+def test_gpu_path_in_the_simulator_replays_made_arrays(monkeypatch):
+    # the speed path's replay (perfworker._replay_gpu) through the simulator: a scratch array and a constant the
+    # host changes between launches, made by the launcher, rebuilt by the shared builder in every run
+    monkeypatch.setenv("KERNELS_PERF_WORKER_DEVICE", "sim")
+    monkeypatch.setattr(perf, "measure_copy", lambda: {"copy_gbps": 0.001, "copy_what": "stand-in (simulator)"})
+    monkeypatch.setattr(perf, "_l2_bytes", lambda: 1024)
+    v = grade(GPU_MADE, dataclasses.replace(GEMV_MADE, gpu_size=(40, 70), runs=2), device_mode="gpu")
+    assert v.status == "scored", v.feedback
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_made_arrays_replayed_on_the_device():
+    v = grade(GPU_MADE, GEMV_MADE)
+    assert v.status == "scored", v.feedback
+    assert 0 < v.fraction <= 1.0 / 0.8, v.feedback
+
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_launch_from_a_background_thread_counts_or_fails():
