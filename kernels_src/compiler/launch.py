@@ -82,6 +82,11 @@ class Packed:
         self._params = (ctypes.c_void_p * max(1, len(vals)))(*[ctypes.addressof(v) for v in vals])
         self._ptr = ctypes.addressof(self._params)
 
+    @property
+    def params_address(self) -> int:
+        """The address of the kernelParams array (for a graph node's CUDA_KERNEL_NODE_PARAMS)."""
+        return self._ptr
+
     def launch(self, stream=0):
         """One cuLaunchKernel on ``stream`` (a CUstream or its integer handle; 0 is the legacy stream)."""
         from cuda.bindings import driver

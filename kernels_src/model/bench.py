@@ -356,6 +356,21 @@ def train_compare(cfg, B, T, reps=10, compile_torch=True, out=None, save=lambda:
     print(f"train course {1e3 * t:8.2f} ms  {B * T / t:10.0f} tok/s  {ts}", flush=True)
     out["decisions"] = explain("train", cfg, dev="gpu", table=model.be.dispatch.table or {}, batch=B, seq=T)
     save()
+    # the same step through the runtime: captured once as a CUDA graph, one cuGraphLaunch a step (AdamW's
+    # scalars set per step); the batch is copied in by the graph, the loss stays on the device
+    try:
+        tr = model.trainer(B, T, mode="graph")
+        gstep = lambda: tr.step(ids, tg, 1e-4)  # noqa: E731
+        ts = [median_time(gstep, reps=reps, warm=2) for _ in range(3)]
+        t = float(np.median(ts))
+        out["course_graph"] = {"median_s": t, "tokens_per_s": B * T / t, "medians_s": ts, "mode": tr.describe()}
+        print(f"train course graph {1e3 * t:8.2f} ms  {ts}", flush=True)
+        out["graph_check"] = graph_check(cfg, params, ids, tg)
+    except Exception as e:  # report, keep the rest
+        import traceback
+
+        out["course_graph"] = {"error": f"{type(e).__name__}: {e}"[:500], "trace": traceback.format_exc()[-1500:]}
+    save()
     del model
     P, forward, _dec = torch_model(cfg, params)
     ids_t = torch.tensor(ids, device="cuda", dtype=torch.long)
@@ -388,10 +403,68 @@ def train_compare(cfg, B, T, reps=10, compile_torch=True, out=None, save=lambda:
             print(f"train torch compile {1e3 * t:8.2f} ms", flush=True)
         except Exception as e:  # report, keep the rest
             out["torch_compile"] = {"error": f"{type(e).__name__}: {e}"[:500]}
-    for k in ("torch_eager", "torch_compile"):
+    try:  # torch's whole step captured in a CUDA graph (static batch, capturable fused AdamW)
+        ts = torch_graph_train(cfg, params, ids_t, tg_t, reps)
+        t = float(np.median(ts))
+        out["torch_graph"] = {"median_s": t, "tokens_per_s": B * T / t, "medians_s": ts}
+        print(f"train torch graph {1e3 * t:8.2f} ms", flush=True)
+    except Exception as e:  # report, keep the rest
+        out["torch_graph"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+    for k in ("torch_eager", "torch_compile", "torch_graph"):
         if "tokens_per_s" in out.get(k, {}):
             out[f"vs_{k}"] = out["course"]["tokens_per_s"] / out[k]["tokens_per_s"]
+            if "tokens_per_s" in out.get("course_graph", {}):
+                out[f"graph_vs_{k}"] = out["course_graph"]["tokens_per_s"] / out[k]["tokens_per_s"]
+    for k in ("course", "course_graph", "torch_eager", "torch_compile", "torch_graph"):
+        ms = out.get(k, {}).get("medians_s")
+        if ms:  # how far apart the three medians of this run are, relative to their median
+            out[k]["spread"] = (max(ms) - min(ms)) / float(np.median(ms))
     return out
+
+
+def graph_check(cfg, params, ids, tg, steps=3, lrs=(1e-3, 3e-4, 2e-3)):
+    """Two fresh models, the same steps (a changing learning rate): eager against the replayed graph. The
+    largest loss and parameter differences (0: bit-identical)."""
+    res = {}
+    for mode in ("eager", "graph"):
+        m = GPT(cfg, params, "gpu")
+        tr = m.trainer(*ids.shape, mode=mode)
+        losses = []
+        for s in range(steps):
+            tr.step(ids, tg, lrs[s % len(lrs)])
+            losses.append(tr.loss())
+        res[mode] = (np.array(losses), m.params())
+        del m, tr
+    (le, pe), (lg, pg) = res["eager"], res["graph"]
+    dp = max(float(np.abs(pg[k] - pe[k]).max()) for k in pe)
+    return {"steps": steps, "losses_eager": le.tolist(), "losses_graph": lg.tolist(),
+            "max_abs_loss": float(np.abs(lg - le).max()), "max_abs_param": dp,
+            "bit_identical": bool(np.array_equal(lg, le) and dp == 0.0)}
+
+
+def torch_graph_train(cfg, params, ids_t, tg_t, reps=10):
+    """torch's training step (forward, backward, fused AdamW with capturable=True) captured in one CUDA graph,
+    the recipe of torch.cuda.graph's documentation (warm-up on a side stream, grads set to None before
+    capture). Returns three medians of reps replays."""
+    import torch
+
+    P, forward, _dec = torch_model(cfg, params)
+    opt = torch.optim.AdamW(list(P.values()), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, fused=True,
+                            capturable=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            forward(ids_t, tg_t)[1].backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(g):
+        forward(ids_t, tg_t)[1].backward()
+        opt.step()
+    return [median_time(g.replay, reps=reps, warm=2) for _ in range(3)]
 
 
 def train_main(path, configs=("bench", "large"), compile_torch=True):

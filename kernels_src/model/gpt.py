@@ -171,12 +171,36 @@ class GPT:
     def forward(self, ids, targets=None):
         """ids, targets (B,T) int -> logits (B*T, V) on the backend, and the mean loss (a float) if
         targets are given. Keeps the activations for backward()."""
-        cfg, be, p = self.cfg, self.be, self.p
+        be = self.be
         B, T = ids.shape
+        self._write_inputs(ids, targets)
+        self._forward_launches(B, T, targets is not None)
+        logits = self.act["logits"]
+        if targets is None:
+            return logits, None
+        return logits, float(be.host(be.ws("total", (1,)))[0]) / (B * T) + self._aux
+
+    def _write_inputs(self, ids, targets=None):
+        """ids (and targets) into static device buffers (in.ids, in.tg), with the constant start and length
+        vectors of a (B,T) batch: a step then launches on the same buffers every time (a CUDA graph's
+        condition, see Trainer)."""
+        be = self.be
+        B, T = ids.shape
+        for key, a in (("in.ids", ids), ("in.tg", targets)):
+            if a is not None:
+                _put(be, be.ws(key, (B * T,), np.int32), np.asarray(a).reshape(-1))
+        key = ("in.pos", B, T)
+        if key not in be._ws:
+            be._ws[key] = (be.asarray(np.zeros(B, np.int32)), be.asarray(np.full(B, T, np.int32)))
+        return be._ws[key]
+
+    def _forward_launches(self, B, T, with_targets):
+        """The kernels of forward() on the static buffers _write_inputs filled; with_targets: also the loss
+        (cross entropy, summed into the device buffer "total": nothing is read back here)."""
+        cfg, be, p = self.cfg, self.be, self.p
         N, C, H, D, F, V = B * T, cfg.width, cfg.heads, cfg.head_dim, cfg.mlp * cfg.width, cfg.vocab
-        ids_d = be.asarray(ids.reshape(-1), np.int32)
-        start = be.asarray(np.zeros(B, np.int32))
-        kv_len = be.asarray(np.full(B, T, np.int32))
+        ids_d = be.ws("in.ids", (N,), np.int32)
+        start, kv_len = be._ws[("in.pos", B, T)]
         self.act = act = {"B": B, "T": T, "ids": ids_d, "kv_len": kv_len}
         self._aux = 0.0  # MoE: the weighted load-balancing and z-losses of this forward
         x = be.ws("x0", (N, C))
@@ -218,15 +242,15 @@ class GPT:
         logits = be.ws("logits", (N, V))
         mm_dx(be, logits, act["xf"], p["wte"])                     # tied head: xf wte^T (N,V)
         act["logits"] = logits
-        if targets is None:
-            return logits, None
-        tg = be.asarray(targets.reshape(-1), np.int32)
+        if not with_targets:
+            return logits
+        tg = be.ws("in.tg", (N,), np.int32)
         losses, lse = be.ws("losses", (N,)), be.ws("lse_v", (N,))
         be("cross_entropy", losses, lse, logits, tg)
         total = be.ws("total", (1,))
         be("sum", total, losses)
         act.update(targets=tg, lse_v=lse)
-        return logits, float(be.host(total)[0]) / N + self._aux
+        return logits
 
     # --------------------------------------------------------------------------------- backward
     def backward(self):
@@ -329,6 +353,12 @@ class GPT:
         self.backward()
         self.adamw(lr, **hyper)
         return loss
+
+    def trainer(self, batch, seq, mode="auto", quiet=False, **hyper):
+        """A :class:`Trainer`: training steps of shape (batch, seq) replayed as one CUDA graph (mode "graph"),
+        a launch plan ("plan") or run eagerly ("eager"); "auto" captures where possible and says in one line
+        why not elsewhere. hyper: AdamW's beta1, beta2, eps, wd."""
+        return Trainer(self, batch, seq, mode, quiet, **hyper)
 
     # --------------------------------------------------------------------------------- decoding
     def new_cache(self, batch=1):
@@ -527,6 +557,155 @@ class Decoder:
 
     def describe(self) -> str:
         return self.runner.describe()
+
+
+class Trainer:
+    """Training steps (forward, backward, AdamW) of one model at one batch shape, launched through the
+    runtime (chapter 14): the shapes are static, so every step launches the same kernels on the same buffers.
+
+    The first step writes the batch into static device buffers (in.ids, in.tg), runs the registered launchers
+    and records their launches; from the second on, a step is: wait for the previous one, write the batch
+    into pinned host buffers, give the two AdamW launches their new arguments, replay. Only AdamW's scalars
+    change from step to step (its bias corrections follow the step count, and the learning rate may follow a
+    schedule); they are computed on the host as in an eager step (so a replay is bit-for-bit the same work)
+    and set into the graph's two AdamW nodes (``Graph.set_launch``) instead of baked in at capture. The
+    batch is copied in by the graph itself; the loss stays on the device (``loss()`` reads it).
+
+    mode "graph": one cuGraphLaunch a step; "plan": one cuLaunchKernel per kernel; "eager": the registered
+    launchers every step. Where no graph can exist ("auto" on the CPU or in the simulator; the MoE model, whose
+    router reads its token counts on the host) the steps run eagerly and ``why`` says why in one line."""
+
+    def __init__(self, model, batch, seq, mode="auto", quiet=False, **hyper):
+        from ..runtime.graphs import MODES, StepRunner, available
+
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        self.model, self.B, self.T, self.hyper = model, int(batch), int(seq), hyper
+        self.why = ""
+        if model.cfg.experts:
+            self.why = "the MoE layer reads its routing on the host inside the step"
+        elif not model.be.gpu:
+            self.why = "the CPU backend launches no GPU kernels"
+        else:
+            ok, why = available()
+            self.why = "" if ok else why
+        if self.why:
+            if mode not in ("auto", "eager"):
+                raise RuntimeError(f"mode={mode!r}: {self.why}")
+            if mode == "auto" and not quiet:
+                import warnings
+
+                warnings.warn(f"{self.why}; training eagerly", RuntimeWarning, stacklevel=3)
+            mode = "eager"
+        self.mode = "graph" if mode == "auto" else mode
+        self.runner = StepRunner(lambda: None, "eager", quiet=True)  # describe() and why, as for the Decoder
+        self.runner.why = self.why
+        self.plan = self.graph = None
+        self.n_adamw = 0
+        self._packed = []
+        self._stream = None
+        self.steps = 0
+
+    def _launch_fwd_bwd(self):
+        self.model._forward_launches(self.B, self.T, True)
+        self.model.backward()
+
+    def step(self, ids, targets, lr):
+        """One training step on ids, targets (B,T) ints with learning rate lr. Returns nothing: the loss
+        stays on the device until loss() is asked for."""
+        m = self.model
+        ids, targets = np.asarray(ids), np.asarray(targets)
+        if ids.shape != (self.B, self.T) or targets.shape != (self.B, self.T):
+            raise ValueError(f"this trainer was built for batch shape {(self.B, self.T)}, got {ids.shape}")
+        self.steps += 1
+        if self.mode == "eager":
+            m._write_inputs(ids, targets)
+            self._launch_fwd_bwd()
+            m.adamw(lr, **self.hyper)
+            return
+        if self.plan is None:
+            self._record(ids, targets, lr)
+            return
+        from ..compiler.launch import pack, recording
+        from ..runtime.graphs import _check
+
+        rec: list = []
+        with recording(rec, execute=False):  # AdamW's launches with this step's scalars, not run
+            m.adamw(lr, **self.hyper)
+        if len(rec) != self.n_adamw:
+            raise RuntimeError(f"AdamW made {len(rec)} launches, the captured step has {self.n_adamw}")
+        packed = [pack(r) for r in rec]
+        first = len(self.plan) - self.n_adamw
+        from cuda.bindings import driver
+
+        if self.graph is not None:
+            self.graph.synchronize()  # the previous replay has read the pinned batch: overwrite it
+            self._hids.array[...] = ids.reshape(-1)
+            self._htg.array[...] = targets.reshape(-1)
+            for j, p in enumerate(packed):
+                self.graph.set_launch(first + j, p)
+            self.graph.launch()
+        else:
+            s = driver.CUstream(0)
+            _check(driver.cuStreamSynchronize(s), "cuStreamSynchronize")
+            self._hids.array[...] = ids.reshape(-1)
+            self._htg.array[...] = targets.reshape(-1)
+            for j, p in enumerate(packed):
+                self.plan.packed[first + j] = p
+            self._copy_in(s)
+            self.plan.run(s)
+
+    def _record(self, ids, targets, lr):
+        from ..runtime import graphs
+        from ..runtime.launch import Plan
+
+        m = self.model
+        m._write_inputs(ids, targets)
+        fb, _ = Plan.record(self._launch_fwd_bwd)
+        opt, _ = Plan.record(lambda: m.adamw(lr, **self.hyper))
+        self.n_adamw = len(opt)
+        self.plan = Plan(fb.records + opt.records)
+        N = self.B * self.T
+        self._ids_d, self._tg_d = m.be.ws("in.ids", (N,), np.int32), m.be.ws("in.tg", (N,), np.int32)
+        self._total = m.be.ws("total", (1,))
+        self._hids, self._htg = graphs.Pinned((N,), np.int32), graphs.Pinned((N,), np.int32)
+        if self.mode == "graph":
+            n = len(self.plan)
+            self.graph = graphs.capture(self.plan, before=self._copy_in,
+                                        updatable=range(n - self.n_adamw, n))
+
+    def _copy_in(self, stream):
+        from ..runtime import graphs
+
+        graphs.copy_in(self._ids_d, self._hids.array, stream)
+        graphs.copy_in(self._tg_d, self._htg.array, stream)
+
+    def synchronize(self):
+        if self.graph is not None:
+            self.graph.synchronize()
+        self.model.be.sync()
+
+    def loss(self) -> float:
+        """The mean loss of the last step's forward (read from the device: this waits for the step)."""
+        self.synchronize()
+        be = self.model.be
+        total = self._total if self.plan is not None else be.ws("total", (1,))
+        return float(be.host(total)[0]) / (self.B * self.T) + self.model._aux
+
+    def describe(self) -> str:
+        if self.mode == "eager":
+            return "eager" + (f" ({self.why})" if self.why else "")
+        n = len(self.plan) if self.plan is not None else "?"
+        return f"{self.mode} of {n} launches ({self.n_adamw} AdamW launches updated per step)"
+
+
+def _put(be, dev, host):
+    """host values into the existing buffer dev (a copy on the GPU, an assignment on the CPU)."""
+    host = np.ascontiguousarray(host, dtype=dev.dtype)
+    if be.gpu:
+        dev.copy_to_device(host)
+    else:
+        dev[...] = host
 
 
 def _runs(ranges):

@@ -101,19 +101,25 @@ def copy_out(host, dev, stream):
 class Graph:
     """An instantiated CUDA graph of a plan's launches. ``launch()`` replays it on its stream."""
 
-    def __init__(self, plan: _plan.Plan, stream=None, before=None, after=None):
+    def __init__(self, plan: _plan.Plan, stream=None, before=None, after=None, updatable=()):
         """before(stream) / after(stream): extra work captured ahead of / after the plan's kernels
-        (copies from and to pinned host buffers)."""
+        (copies from and to pinned host buffers). updatable: indices of the plan's launches whose
+        arguments may change from one replay to the next (``set_launch``); their graph nodes are kept."""
         from cuda.bindings import driver
 
         self.plan = plan
         self.stream = stream if stream is not None else new_stream()
+        self.nodes: dict = {}
+        updatable = set(updatable)
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         _check(driver.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
         try:
             if before is not None:
                 before(self.stream)
-            plan.run(self.stream)
+            for i, p in enumerate(plan.packed):
+                p.launch(self.stream)
+                if i in updatable:
+                    self.nodes[i] = _last_node(self.stream)
             if after is not None:
                 after(self.stream)
         finally:  # always leave capture mode, even when a launch failed
@@ -121,6 +127,30 @@ class Graph:
         self.graph = graph
         self.exec = _check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         self.n_nodes = len(plan)
+
+    def set_launch(self, i, packed):
+        """Replace launch i's arguments (same kernel, grid and block) for the following replays: one
+        ``cuGraphExecKernelNodeSetParams``, which copies the parameter values (a replay already queued keeps
+        the old ones). This is how a value the host computes per step, such as AdamW's bias corrections from
+        the step count and the learning rate, changes inside one graph that serves every step."""
+        from cuda.bindings import driver
+
+        if i not in self.nodes:
+            raise KeyError(f"launch {i} was not captured as updatable")
+        old = self.plan.packed[i]
+        if packed.name != old.name or packed.griddim != old.griddim or packed.blockdim != old.blockdim:
+            raise ValueError(f"launch {i}: {packed.name} {packed.griddim} does not match the captured "
+                             f"{old.name} {old.griddim}")
+        prm = driver.CUDA_KERNEL_NODE_PARAMS()
+        prm.func = packed.func
+        prm.gridDimX, prm.gridDimY, prm.gridDimZ = packed.griddim
+        prm.blockDimX, prm.blockDimY, prm.blockDimZ = packed.blockdim
+        prm.sharedMemBytes = packed.sharedmem
+        prm.kernelParams = packed.params_address
+        prm.extra = 0
+        _check(driver.cuGraphExecKernelNodeSetParams(self.exec, self.nodes[i], prm),
+               "cuGraphExecKernelNodeSetParams")
+        self.plan.packed[i] = packed  # keeps the values alive; a plan replay uses them too
 
     def launch(self):
         from cuda.bindings import driver
@@ -142,8 +172,23 @@ class Graph:
             pass
 
 
-def capture(plan: _plan.Plan, stream=None, before=None, after=None) -> Graph:
-    return Graph(plan, stream, before, after)
+def _last_node(stream):
+    """The graph node the last operation captured on ``stream`` became (the node the next one would depend
+    on), from ``cuStreamGetCaptureInfo``; its result tuple differs between cuda-bindings 12 and 13, so the
+    list of nodes is found by type."""
+    from cuda.bindings import driver
+
+    res = driver.cuStreamGetCaptureInfo(stream)
+    if res[0] != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuStreamGetCaptureInfo failed: {res[0]!r}")
+    for r in res[1:]:
+        if isinstance(r, (list, tuple)) and len(r) == 1 and isinstance(r[0], driver.CUgraphNode):
+            return r[0]
+    raise RuntimeError(f"cuStreamGetCaptureInfo gave no single last node: {res!r}")
+
+
+def capture(plan: _plan.Plan, stream=None, before=None, after=None, updatable=()) -> Graph:
+    return Graph(plan, stream, before, after, updatable)
 
 
 MODES = ("eager", "plan", "graph", "auto")
