@@ -1,8 +1,9 @@
 """Parity: compare an implementation against the float64 NumPy reference.
 
 Rules (they hold for every variant and every exercise):
-- outputs are *poisoned* (NaN for floats, the most negative value for integers) before the kernel
-  runs, so an element the kernel never wrote cannot pass;
+- outputs are *poisoned* (NaN for floats; for integers a value the reference does not hold: the most
+  negative one for signed types, the largest for unsigned ones, or the next one it does not hold) before
+  the kernel runs, so an element the kernel never wrote cannot pass;
 - NaN or Inf where the reference is finite fails; where the reference is itself non-finite the
   result must match it exactly (NaN where NaN, +inf where +inf);
 - a finite element passes when ``|got - ref| <= atol + rtol * |ref|``, with (rtol, atol) chosen by
@@ -70,7 +71,31 @@ def stored_value(a, fmt: str = "") -> np.ndarray:
     return a.astype(np.float64)
 
 
-def poison(a: np.ndarray, fmt: str = "") -> np.ndarray:
+def int_poison_value(dtype, avoid=None):
+    """The poison of an integer output: the most negative value of a signed type, the largest of an unsigned one
+    (0, the smallest, is a count, a key or an index that a kernel may rightly write), or, where ``avoid`` (the
+    reference) holds that value, the nearest one past it that ``avoid`` does not hold. So a kernel that writes
+    nothing always fails its check, whatever the data: an unwritten element never equals the reference."""
+    dtype = np.dtype(dtype)
+    info = np.iinfo(dtype)
+    signed = info.min < 0
+    start = np.array(info.min if signed else info.max, dtype=dtype)
+    if avoid is None or np.size(avoid) == 0:
+        return start[()]
+    held = np.unique(np.asarray(avoid))
+    k = 0
+    while True:  # at most held.size values are held: a window of 1024 candidates at a time
+        steps = np.arange(k, k + 1024, dtype=dtype)
+        cand = start + steps if signed else start - steps
+        free = ~np.isin(cand, held)
+        if free.any():
+            return cand[np.argmax(free)]
+        k += 1024
+
+
+def poison(a: np.ndarray, fmt: str = "", avoid=None) -> np.ndarray:
+    """Fill ``a`` with its poison in place and return it. ``avoid``: the reference of an integer output (its
+    poison is then a value the reference does not hold, see int_poison_value)."""
     if fmt == "bfloat16":
         a.view(np.uint16).fill(BF16_POISON)
         return a
@@ -80,14 +105,15 @@ def poison(a: np.ndarray, fmt: str = "") -> np.ndarray:
     elif np.issubdtype(a.dtype, np.floating):
         a.fill(np.nan)
     elif np.issubdtype(a.dtype, np.integer):
-        a.fill(np.iinfo(a.dtype).min)
+        a.fill(int_poison_value(a.dtype, avoid))
     else:
         a.fill(True)
     return a
 
 
-def is_poison(a, fmt: str = "") -> np.ndarray:
-    """Elementwise: does ``a`` still hold (or was it computed only from) the poison value?"""
+def is_poison(a, fmt: str = "", avoid=None) -> np.ndarray:
+    """Elementwise: does ``a`` still hold (or was it computed only from) the poison value? ``avoid``: the
+    reference the integer poison was chosen against (as in :func:`poison`)."""
     a = np.asarray(a)
     if fmt == "bfloat16":
         return np.ascontiguousarray(a).view(np.uint16) == BF16_POISON
@@ -95,7 +121,7 @@ def is_poison(a, fmt: str = "") -> np.ndarray:
         utype, bits = POISON_BITS[a.dtype.itemsize]
         return np.ascontiguousarray(a).view(utype) == bits
     if np.issubdtype(a.dtype, np.integer):
-        return a == np.iinfo(a.dtype).min
+        return a == int_poison_value(a.dtype, avoid)
     return np.zeros(a.shape, dtype=bool)
 
 
@@ -173,7 +199,7 @@ def compare(name: str, got, ref, rtol: float, atol: float, max_shown: int = MAX_
                        max_rel=float(np.max(np.where(fin, rel_fin, 0.0))), rtol=rtol, atol=atol)
     if n_bad:
         rep.bad_mask = bad
-        unwritten = is_poison(got, fmt)
+        unwritten = is_poison(got, fmt, avoid=ref)
         for idx in np.argwhere(bad)[:max_shown]:
             t = tuple(int(i) for i in idx)
             rep.mismatches.append(Mismatch(t, float(r[t]), float(g[t]), bool(unwritten[t])))
@@ -229,7 +255,7 @@ def empty_outputs(refs, dtype, storage=()) -> list[np.ndarray]:
             outs.append(poison(np.empty(r.shape, dtype=STORAGE_DTYPE[fmt]), fmt))
             continue
         dt = np.dtype(dtype) if np.issubdtype(r.dtype, np.floating) else r.dtype
-        outs.append(poison(np.empty(r.shape, dtype=dt)))
+        outs.append(poison(np.empty(r.shape, dtype=dt), avoid=r if np.issubdtype(dt, np.integer) else None))
     return outs
 
 

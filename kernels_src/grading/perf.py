@@ -719,7 +719,7 @@ def grade_perf(spec: PerfSpec, bundle, *, seed: int | None = None, device_mode: 
                 rep = compare_output(op.output_names[k] if k < len(op.output_names) else f"out{k}", g, ref,
                                      rtol, atol)
                 if not rep.ok:
-                    unwritten = int(parity.is_poison(g).sum()) if g.shape == ref.shape else 0
+                    unwritten = int(parity.is_poison(g, avoid=ref).sum()) if g.shape == ref.shape else 0
                     why = (f"{unwritten} elements never written (still the poison)" if unwritten else
                            f"{rep.n_bad} of {rep.n_total} elements wrong, max rel err {rep.max_rel:.3g} "
                            f"(allowed: {rtol:g} relative; computing in float16 or bfloat16 is outside it too)")
