@@ -2,6 +2,7 @@
 shared loads, unrolled loops, launch bounds, masks only where needed); rung 7 adds warp shuffles.
 """
 from __future__ import annotations
+import functools
 import math
 import numpy as np
 
@@ -279,8 +280,73 @@ def make_flash2_kernel(D, BR, BC, TM, TN, shuffle, minblocks=None, unroll=2):
 
 def flash2(D, shuffle, **cfg):
     cfg = cfg or flash2_config(D, shuffle)
+    cfg = {k: v for k, v in cfg.items() if not (k == "minblocks" and not v)}  # 0/None: the default launch bounds
     key = ("flash2", D, shuffle) + tuple(sorted(cfg.items()))
     return _cached(key, lambda: make_flash2_kernel(D, shuffle=shuffle, **cfg))
+
+
+# ------------------------------------------------------------ the tile, from the runtime's autotune table
+# Rungs 6-7 launch the tile that `kernels autotune --attention` measured fastest on this GPU for (rung, D, causal)
+# and wrote into the device's table (kernels_src.runtime.tiles); without a table, or without an entry for that
+# key, the documented default flash2_config(D, shuffle). The candidates are every tile the kernel can build.
+TILE_BR = (16, 32, 64, 128)
+TILE_BC = (16, 32, 64)
+TILE_TM = (4, 8)
+TILE_TN = (4, 8)
+TILE_MAX_ACC = 64  # at most 64 accumulators per thread for O (TM x D/NTX) and for S (TM x TN): no spills
+TILE_THREADS = (32, 64, 128, 256)
+
+
+def tile_error(D, shuffle, BR, BC, TM, TN, minblocks=0):
+    """Why make_flash2_kernel cannot build this tile at head size D (None if it can)."""
+    if BR % TM or BC % TN:
+        return "BR must be a multiple of TM and BC of TN"
+    ntx, nty = BC // TN, BR // TM
+    nt = ntx * nty
+    if nt not in TILE_THREADS:
+        return f"{nt} threads (must be one of {TILE_THREADS})"
+    if TM % 4 or TN % 4 or 32 % ntx or D % (4 * ntx):
+        return "TM and TN multiples of 4, BC/TN dividing 32 and D a multiple of 4*BC/TN"
+    br4 = BR // 4
+    if br4 < 2 or br4 & (br4 - 1) or TN % 2 or D % 2:
+        return "BR/4 a power of two >= 2"
+    if TM * (D // ntx) > TILE_MAX_ACC or TM * TN > TILE_MAX_ACC:
+        return f"more than {TILE_MAX_ACC} accumulators per thread"
+    smem = 4 * (D * BR + max(D * BC, BC * BR) + BC * D + (0 if shuffle else BR * ntx))
+    if smem > SMEM_LIMIT:
+        return f"{smem} bytes of shared memory (> {SMEM_LIMIT})"
+    if minblocks and minblocks * nt > 2048:
+        return f"{minblocks} blocks of {nt} threads exceed 2048 threads per SM"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def flash2_tiles(D, shuffle, minblocks=(0,)):
+    """Every tile rungs 6-7 can build at head size D: dicts BR, BC, TM, TN, minblocks (0: 512 // threads)."""
+    out = []
+    for br in TILE_BR:
+        for bc in TILE_BC:
+            for tm in TILE_TM:
+                for tn in TILE_TN:
+                    for mb in minblocks:
+                        if tile_error(D, shuffle, br, bc, tm, tn, mb) is None:
+                            out.append(dict(BR=br, BC=bc, TM=tm, TN=tn, minblocks=mb))
+    return out
+
+
+TILE_MINBLOCKS = (0, 2, 3)  # the launch bounds the autotune tries (0: 512 // threads, at most 128 registers)
+
+
+def flash2_tile(D, causal, shuffle, table=None, dev="gpu"):
+    """(tile, source) for rung 6 (``shuffle=False``) or 7 at head size D: the autotune table's entry for
+    (variant, D, causal) if the device has one, else flash2_config(D, shuffle). A table naming a tile that
+    flash2_tiles does not list raises kernels_src.runtime.tiles.TileTableError."""
+    from ..runtime.tiles import choose_tile
+
+    variant = "attention/gpu/" + ("flash_shfl" if shuffle else "flash_vec")
+    default = dict(flash2_config(D, shuffle), minblocks=0)
+    return choose_tile("attention", {"variant": variant, "D": int(D), "causal": int(bool(causal))}, default,
+                       lambda: flash2_tiles(D, shuffle, TILE_MINBLOCKS), table=table, dev=dev)
 
 
 def flash2_fits(D, shuffle) -> bool:
@@ -298,7 +364,8 @@ def _launch_flash2(shuffle, o, lse, q, k, v, kv_len, causal):
     if not flash2_fits(D, shuffle) or not _aligned16(o, q, k, v):  # rung 5 takes the rest
         flash(D, skip=True, **_tuned_cfg(D))(o, lse, q, k, v, kv_len, causal)
         return
-    flash2(D, shuffle)(o, lse, q, k, v, kv_len, causal)
+    tile, _ = flash2_tile(D, causal, shuffle, dev="sim" if device.SIMULATED else "gpu")
+    flash2(D, shuffle, **tile)(o, lse, q, k, v, kv_len, causal)
 
 
 @register("attention", "gpu", "flash_vec", rung=6,

@@ -18,7 +18,9 @@ Ladder (decode_attention_paged)
   gpu/vec_rows  rung 2  decode_attention's rung 6 (16-byte rows, warp sums through shared memory) through the
                         table: the paged addressing of rung 3, in a kernel the simulator runs
   gpu/bfly      rung 3  decode_attention's rung 8 (reduce-scatter butterfly, 16-byte rows, 2 splits per SM) with
-                        each warp step's physical block read from the table (real GPU: shuffles)
+                        each warp step's physical block read from the table (real GPU: shuffles); the kernel is
+                        decode_attention's own (make_bfly_kernel) with this module's loader
+  gpu/bfly_fused rung 4 rung 3 with decode_attention's rung 9: the merge done by the last block of each head
   gpu/contiguous baseline decode_attention's rung 8 on a contiguous copy of the same cache (the copy made once,
                         outside the timed calls): the speed the paged rung must stay within 10 % of
 
@@ -35,7 +37,7 @@ from .. import device
 from ..device import ceil_div, needs_real_gpu
 from ..registry import define_op, register
 from . import decode_attention as dec
-from .decode_attention import (NEG_INF, ONE, WARPS, ZERO, bfly_rows, butterfly_level, decode_tol, filled_chunk,
+from .decode_attention import (NEG_INF, WARPS, ZERO, bfly_rows, decode_tol, filled_chunk,
                                merge_kernel, scratch)
 from .reductions import FAST_MATH
 from .softmax import _aligned16
@@ -366,124 +368,11 @@ def make_paged_vec_kernel(g, dv, page, shuffle, rows=dec.VEC_ROWS, nw=WARPS, min
     return paged_vec_kernel
 
 
-def make_paged_bfly_kernel(g, dv, page, nw=WARPS, minblocks=None):
-    """decode_attention's rung 8 (make_bfly_kernel) with the row loads of ``paged_loader``: the same kernel
-    body, each warp step's rows found through the block table."""
-    rows = bfly_rows(g)
-    nv = rows * g
-    levels = nv.bit_length() - 1
-    assert nv == 1 << levels and g & (g - 1) == 0
-    sh = 5 - levels
-    nt = 32 * nw
-    dpad = 128 * dv
-    n_q, n_kv = 4 * g * dv, 4 * rows * dv
-    load_q, _, merge_warps, empty_split = dec._vec_parts(g, dv, nw)
-    opts = {"fastmath": FAST_MATH}
-    if minblocks and not device.SIMULATED:
-        opts["launch_bounds"] = (nt, minblocks)
-    align = None if device.SIMULATED else 16
-
-    load_rows_paged = paged_loader(rows, dv, page)
-
-    @cuda.jit(**opts)
-    def paged_bfly_kernel(o_part, lse, q, k, v, table, lengths, chunk):
-        pw = cuda.shared.array((nw, 32), float32, alignment=align)
-        aw = cuda.shared.array((nw, 32), float32)
-        wm = cuda.shared.array((nw, g), float32)
-        wl = cuda.shared.array((nw, g), float32)
-        wacc = cuda.shared.array((nw, g, dpad), float32)
-        qv = cuda.local.array(n_q, float32)
-        acc = cuda.local.array(n_q, float32)
-        kr = cuda.local.array(n_kv, float32)
-        vr = cuda.local.array(n_kv, float32)
-        vals = cuda.local.array(nv, float32)
-        split = cuda.blockIdx.x
-        hkv = k.shape[2]
-        b = cuda.blockIdx.y // hkv
-        kh = cuda.blockIdx.y % hkv
-        tid = cuda.threadIdx.x & (nt - 1)
-        lane = tid % 32
-        w = tid // 32
-        scale = float32(1.0) / math.sqrt(float32(q.shape[2]))
-        n = lengths[b]
-        c = filled_chunk(n, cuda.gridDim.x, chunk)
-        lo = split * c
-        hi = min(n, lo + c)
-        if lo >= hi:
-            empty_split(o_part, lse, b, kh, split, tid)
-            return
-        load_q(qv, acc, q, b, kh, lane, scale)
-        mine = lane >> sh
-        rmine = mine // g
-        m_l = NEG_INF
-        l_l = ZERO
-        for base in range(lo, hi, nw * rows):
-            r0 = base + w * rows
-            load_rows_paged(kr, vr, k, v, table, b, kh, r0, hi, lane)
-            for r in range(rows):
-                for gg in range(g):
-                    part = ZERO
-                    for x in range(4 * dv):
-                        part += qv[gg * 4 * dv + x] * kr[r * 4 * dv + x]
-                    vals[r * g + gg] = part
-            if levels > 0:
-                butterfly_level(vals, lane, 16, nv // 2)
-            if levels > 1:
-                butterfly_level(vals, lane, 8, nv // 4)
-            if levels > 2:
-                butterfly_level(vals, lane, 4, nv // 8)
-            if levels > 3:
-                butterfly_level(vals, lane, 2, nv // 16)
-            if levels > 4:
-                butterfly_level(vals, lane, 1, 1)
-            o = 16 >> levels
-            s = vals[0]
-            while o > 0:
-                s += cuda.shfl_xor_sync(0xFFFFFFFF, s, o)
-                o //= 2
-            valid = r0 + rmine < hi
-            if not valid:
-                s = NEG_INF
-            mt = s
-            o = g << sh
-            while o < 32:
-                mt = max(mt, cuda.shfl_xor_sync(0xFFFFFFFF, mt, o))
-                o *= 2
-            m_new = max(m_l, mt)
-            alpha = ONE
-            p = ZERO
-            if m_new != NEG_INF:
-                alpha = math.exp(m_l - m_new) if m_l != NEG_INF else ZERO
-                if valid:
-                    p = math.exp(s - m_new)
-                m_l = m_new
-            ts = p
-            o = g << sh
-            while o < 32:
-                ts += cuda.shfl_xor_sync(0xFFFFFFFF, ts, o)
-                o *= 2
-            l_l = l_l * alpha + ts
-            cuda.syncwarp()
-            if (lane & ((1 << sh) - 1)) == 0:
-                pw[w, mine] = p
-                if rmine == 0:
-                    aw[w, mine] = alpha
-            cuda.syncwarp()
-            for gg in range(g):
-                al = aw[w, gg]
-                for x in range(4 * dv):
-                    acc[gg * 4 * dv + x] *= al
-            for r in range(rows):
-                for gg in range(g):
-                    pp = pw[w, r * g + gg]
-                    for x in range(4 * dv):
-                        acc[gg * 4 * dv + x] += pp * vr[r * 4 * dv + x]
-        if rmine == 0 and (lane & ((1 << sh) - 1)) == 0:
-            wm[w, mine] = m_l
-            wl[w, mine] = l_l
-        merge_warps(o_part, lse, wm, wl, wacc, acc, b, kh, split, w, lane, tid)
-
-    return paged_bfly_kernel
+def make_paged_bfly_kernel(g, dv, page, nw=WARPS, minblocks=None, fused=False):
+    """decode_attention's rung 8 (rung 9 with ``fused``) built by its own kernel factory (make_bfly_kernel) with
+    the row loads of ``paged_loader``: the same kernel body, each warp step's rows found through the block table."""
+    return dec.make_bfly_kernel(g, dv, nw=nw, minblocks=minblocks, loader=paged_loader(bfly_rows(g), dv, page),
+                                paged=True, fused=fused)
 
 
 _kernels: dict = {}
@@ -496,15 +385,17 @@ def paged_vec_kernel(g, dv, page, minblocks=None):
     return _kernels[key]
 
 
-def paged_bfly_kernel(g, dv, page, minblocks=None):
-    key = ("bfly", g, dv, page, minblocks)
+def paged_bfly_kernel(g, dv, page, minblocks=None, fused=False):
+    key = ("bfly", g, dv, page, minblocks, fused)
     if key not in _kernels:
-        _kernels[key] = make_paged_bfly_kernel(g, dv, page, minblocks=minblocks)
+        _kernels[key] = make_paged_bfly_kernel(g, dv, page, minblocks=minblocks, fused=fused)
     return _kernels[key]
 
 
 SIG_PAGED = ("void(float32[:, :, :, ::1], float32[:, :, ::1], float32[:, :, ::1], float32[:, :, :, ::1], "
              "float32[:, :, :, ::1], int32[:, ::1], int32[::1], int64)")
+SIG_PAGED_FUSED = ("void(float32[:, :, ::1], float32[:, :, :, ::1], float32[:, :, ::1], int32[::1], float32[:, :, ::1], "
+                   "float32[:, :, :, ::1], float32[:, :, :, ::1], int32[:, ::1], int32[::1], int64)")
 
 
 def launch_paged_vec(o, q, k, v, table, lengths):
@@ -568,6 +459,33 @@ def decode_paged_bfly(o, q, k, v, table, lengths):
     load must complete before the step's row loads issue, but 8 blocks per SM x 4 warps keep other steps in
     flight: predict within 5 % of the contiguous rung."""
     launch_paged_bfly(o, q, k, v, table, lengths)
+
+
+def launch_paged_fused(o, q, k, v, table, lengths, minblocks=dec.VEC_MIN_BLOCKS, splits=None):
+    b_n, hq, d = q.shape
+    page, hkv = k.shape[1], k.shape[2]
+    g = hq // hkv
+    l_max = table.shape[1] * page
+    if d % 4 or g & (g - 1) or g > 32 or not _aligned16(o, q, k, v):  # what the butterfly cannot: rung 3's path
+        launch_paged_bfly(o, q, k, v, table, lengths)
+        return
+    step = WARPS * bfly_rows(g)
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    s = splits or dec.vec_splits(b_n * hkv, l_max, sms, step=step)
+    chunk = ceil_div(ceil_div(l_max, s), step) * step
+    s = ceil_div(l_max, chunk)
+    o_part, lse, cnt = dec.fused_scratch(b_n, hq, hkv, s, d)
+    kern = paged_bfly_kernel(g, ceil_div(d, 128), page, minblocks, fused=True)
+    kern[(s, b_n * hkv), 32 * WARPS](o, o_part, lse, cnt, q, k, v, table, lengths, chunk)
+
+
+@register("decode_attention_paged", "gpu", "bfly_fused", rung=4,
+          ptx=[(paged_bfly_kernel(4, 1, 16, dec.VEC_MIN_BLOCKS, fused=True), SIG_PAGED_FUSED)],
+          requires=needs_real_gpu)
+def decode_paged_bfly_fused(o, q, k, v, table, lengths):
+    """Rung 3 with decode_attention's rung 9 merge: the last block of each head merges the partials, one kernel
+    (the same factory, the paged loader). Predict rung 3's time less the merge kernel and its launch gap."""
+    launch_paged_fused(o, q, k, v, table, lengths)
 
 
 _copies: dict = {}

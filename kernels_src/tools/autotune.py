@@ -1,6 +1,7 @@
 """Autotuning the dispatcher: time the candidates for each product shape on this device and write the table.
 
     kernels autotune [--out FILE] [--quick]     time every candidate on the model's shapes and a grid
+    kernels autotune --attention [--out FILE]   the flash-attention forward's tile per (rung, D, causal)
     kernels dispatch --explain train|decode     which variant each call of one step gets, and why
 
 For every (role, M, N, K) of one training step and one decode step of the capstone model (the chapter's
@@ -234,6 +235,11 @@ def cmd_autotune(args) -> int:
         print("kernels autotune: error: autotune times kernels on a real GPU; this machine has none "
               f"({device.REASON}). Without a table the dispatcher uses its documented defaults.", file=sys.stderr)
         return 2
+    if args.attention:  # the flash-attention forward's tile per (rung, D, causal): tools/autotune_attention.py
+        from .autotune_attention import autotune_attention
+
+        autotune_attention(out, base=args.base, all_tiles=args.all_tiles)
+        return 0
     autotune(out, args.quick)
     return 0
 
@@ -290,6 +296,11 @@ def add_parser(sub) -> None:
     s = sub.add_parser("autotune", help="time the dispatcher's candidates on this GPU and write its table")
     s.add_argument("--out", help="the table's path (default: kernels_src/runtime/tables/<this GPU>.json)")
     s.add_argument("--quick", action="store_true", help="only the capstone model's shapes, no threshold grid")
+    s.add_argument("--attention", action="store_true",
+                   help="instead: time the flash-attention forward's tiles (chapter 9, rungs 6-7) per head size and "
+                        "mask, and write the winners into the table under 'tiles' (its other entries kept)")
+    s.add_argument("--all-tiles", action="store_true", help="with --attention: every tile that fits, not the shortlist")
+    s.add_argument("--base", help="with --attention: the table to add the tiles to (default: this GPU's committed one)")
     s.set_defaults(func=cmd_autotune)
     s = sub.add_parser("dispatch", help="which variant each call of one model step gets, and why")
     s.add_argument("--explain", choices=["train", "decode"], required=True)
