@@ -33,6 +33,10 @@ Ladder (the same for inclusive ``scan`` and exclusive ``scan_exclusive``)
   gpu/lookback     rung 4    single pass with decoupled look-back (Merrill & Garland 2016): each tile
                              publishes its sum, then its inclusive prefix, and a tile finds its offset by
                              looking back at its predecessors' flags. 8n bytes. Real GPU only (fences)
+  gpu/decoupled    rung 5    rung 4 with ONE packed 64-bit (status, value) word per tile (no fence: a reader
+                             sees both halves or neither), a warp-wide look-back (32 predecessors per step,
+                             ballot + shuffle sum), 16 values per thread and 16-byte loads. 8n bytes.
+                             Real GPU only (shuffles); ``segmented_scan`` reuses it with a (flag, value) operator
   gpu/torch        baseline  torch.cumsum on the GPU
   gpu/cccl         baseline  CCCL's cuda.compute scan (CUB from Python), where it is installed
 
