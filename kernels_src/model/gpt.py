@@ -576,7 +576,7 @@ class Trainer:
     router reads its token counts on the host) the steps run eagerly and ``why`` says why in one line."""
 
     def __init__(self, model, batch, seq, mode="auto", quiet=False, **hyper):
-        from ..runtime.graphs import MODES, StepRunner, available
+        from ..runtime.graphs import MODES, available
 
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
@@ -598,8 +598,6 @@ class Trainer:
                 warnings.warn(f"{self.why}; training eagerly", RuntimeWarning, stacklevel=3)
             mode = "eager"
         self.mode = "graph" if mode == "auto" else mode
-        self.runner = StepRunner(lambda: None, "eager", quiet=True)  # describe() and why, as for the Decoder
-        self.runner.why = self.why
         self.plan = self.graph = None
         self.n_adamw = 0
         self._packed = []
