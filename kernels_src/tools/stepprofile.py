@@ -214,6 +214,20 @@ def profile_train(cfg, batch=16, T=None, torch_too=True) -> dict:
     run = summarize(tl, wall, tagged, host)
     run["mode"] = "eager"
     res["runs"]["course_eager"] = run
+    try:  # the same step replayed as one CUDA graph (GPT.trainer): the same kernels in the same order
+        tr = model.trainer(batch, T, mode="graph", quiet=True)
+
+        def gstep():
+            tr.step(ids, tg, 1e-4)
+
+        gstep()  # records and captures
+        wall = _median_wall(gstep, reps=5, warm=2)
+        tl = gpu_timeline(gstep) if _have_torch() else []
+        run = summarize(tl, wall, tagged if len(tagged) == len(tr.plan) else None)
+        run["mode"] = tr.describe()
+        res["runs"]["course_graph"] = run
+    except Exception as e:  # report, keep the rest
+        res["runs"]["course_graph"] = {"error": f"{type(e).__name__}: {e}"[:500]}
     if torch_too and _have_torch():
         import torch
 
