@@ -141,3 +141,39 @@ def train_table(res: dict) -> str:
         rows.append(f"| {cfg['layers']} layers, width {cfg['width']}, T {c['T']} | {c['tokens']:,} | "
                     f"{f(c['course'])} | {f(te)} | {f(tc)} | {r('vs_torch_eager')} | {r('vs_torch_compile')} |")
     return "\n".join(rows)
+
+
+TRAIN_ENTRIES = (("course", "course, eager"), ("course_graph", "course, one CUDA graph"), ("torch_eager", "torch eager"),
+                 ("torch_compile", "torch.compile"), ("torch_graph", "torch in a CUDA graph"))
+
+
+def train_runs(runs: list, name: str) -> dict:
+    """{entry: [tokens/s of each run]} for one config of several runtime_train JSONs (the same command run
+    again); an entry a run did not measure is left out of that run's list."""
+    out: dict = {}
+    for r in runs:
+        c = r["configs"].get(name, {})
+        for k, _label in TRAIN_ENTRIES:
+            if "tokens_per_s" in c.get(k, {}):
+                out.setdefault(k, []).append(c[k]["tokens_per_s"])
+    return out
+
+
+def train_runs_table(runs: list, name: str) -> str:
+    """Markdown: per entry, the median over runs of tokens/s, each run's value, the spread between runs
+    ((max - min) / median) and the ratio of the course's graph step to it."""
+    import numpy as np
+
+    tp = train_runs(runs, name)
+    g = float(np.median(tp["course_graph"])) if "course_graph" in tp else None
+    rows = ["| step | tokens/s (median) | each run | spread between runs | course graph / this |",
+            "|---|---|---|---|---|"]
+    for k, label in TRAIN_ENTRIES:
+        if k not in tp:
+            continue
+        v = tp[k]
+        med = float(np.median(v))
+        spread = f"{100 * (max(v) - min(v)) / med:.1f} %" if len(v) > 1 else "one run"
+        ratio = f"{g / med:.2f}x" if g else "–"
+        rows.append(f"| {label} | {med:,.0f} | {', '.join(f'{x:,.0f}' for x in v)} | {spread} | {ratio} |")
+    return "\n".join(rows)
