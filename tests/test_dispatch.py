@@ -41,11 +41,12 @@ def test_decisions_by_shape(dev, role, shape, variant, rule):
 
 
 @pytest.mark.parametrize("dev,fmt,N,K,variant,rule", [
-    # the large capstone's decode products are latency bound (few blocks, ~1 MB each): rung 8, one chunk a lane
-    ("gpu", "q4_0", 2304, 768, "qgemv_q4_0/gpu/packed_split", "small"),
-    ("gpu", "q4_0", 768, 3072, "qgemv_q4_0/gpu/packed_split", "small"),
-    ("gpu", "q8_0", 3072, 768, "qgemv_q8_0/gpu/packed_split", "small"),
-    ("sim", "q8_0", 7, 64, "qgemv_q8_0/gpu/packed_split", "small"),
+    # the large capstone's decode products are latency bound (few blocks, ~1 MB each): rung 9, one chunk a lane
+    # and one prmt a weight
+    ("gpu", "q4_0", 2304, 768, "qgemv_q4_0/gpu/packed_prmt", "small"),
+    ("gpu", "q4_0", 768, 3072, "qgemv_q4_0/gpu/packed_prmt", "small"),
+    ("gpu", "q8_0", 3072, 768, "qgemv_q8_0/gpu/packed_prmt", "small"),
+    ("sim", "q8_0", 7, 64, "qgemv_q8_0/gpu/packed_prmt", "small"),
     # above qgemv_split_max_weights, DRAM bound: rung 6, the sweep's winner at 4096^2-8192^2
     ("gpu", "q4_0", 8192, 8192, "qgemv_q4_0/gpu/packed_warp", "fixed"),
     ("gpu", "q8_0", 14336, 4096, "qgemv_q8_0/gpu/packed_warp", "fixed"),
@@ -54,7 +55,7 @@ def test_decisions_by_shape(dev, role, shape, variant, rule):
 def test_quantized_gemv_decisions(dev, fmt, N, K, variant, rule):
     d = D.Dispatcher(dev, table={}, check=False).decide(f"qgemv_{fmt}", {"N": N, "K": K})
     assert (d.variant, d.rule) == (variant, rule), d
-    t = {"thresholds": {"qgemv_split_max_weights": 0}}  # a table can turn rung 8 off
+    t = {"thresholds": {"qgemv_split_max_weights": 0}}  # a table can turn rung 9 off
     assert D.Dispatcher(dev, table=t, check=False).decide(f"qgemv_{fmt}", {"N": N, "K": K}).rule == "fixed"
 
 

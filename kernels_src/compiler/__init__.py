@@ -156,6 +156,21 @@ else:
 
     fmul_rn, fadd_rn, int_as_float = _libdevice.fmul_rn, _libdevice.fadd_rn, _libdevice.int_as_float
 
+# byte_perm(x, y, s): PTX's prmt.b32 (one instruction): result byte n = byte (s >> 4n) & 7 of the 8 bytes of
+# y:x (x bytes 0-3, y bytes 4-7). The simulator computes the same on Python integers.
+if _target.SIMULATED:
+    def byte_perm(x, y, s):
+        b = (int(x) & 0xFFFFFFFF) | ((int(y) & 0xFFFFFFFF) << 32)
+        r = 0
+        for n in range(4):
+            r |= ((b >> (8 * ((int(s) >> (4 * n)) & 7))) & 0xFF) << (8 * n)
+        return _np.int32(r - (1 << 32) if r >= 1 << 31 else r)
+else:
+    byte_perm = getattr(_libdevice, "byte_perm", None)
+    if byte_perm is None:  # pragma: no cover  (a compiler without it: say so where a kernel would use it)
+        def byte_perm(x, y, s):
+            raise NotImplementedError(f"byte_perm (prmt.b32) is missing from {NAME}'s libdevice")
+
 # ------------------------------------------------------------------------------------ the course's intrinsics
 from .vec import load4, store4  # noqa: E402
 from .sysflags import flag_load, flag_store  # noqa: E402
@@ -173,7 +188,7 @@ CPU_VECTORS = _apply_cpu_vector_bits()
 __all__ = ["NAME", "REASON", "TRADE_OFFS", "USE_MLIR", "version", "cuda", "njit", "prange", "vectorize",
            "get_num_threads", "typeof", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
            "uint8", "uint16", "uint32", "uint64", "boolean", "void", "types", "fastmath", "fmul_rn", "fadd_rn",
-           "int_as_float", "load4", "store4", "flag_load", "flag_store", "dp4a", "mma_tf32", "mma_f16", "mma_bf16", "to_tf32", "pack_f16x2",
+           "int_as_float", "byte_perm", "load4", "store4", "flag_load", "flag_store", "dp4a", "mma_tf32", "mma_f16", "mma_bf16", "to_tf32", "pack_f16x2",
            "pack_bf16x2", "exp2_approx", "ldmatrix_x4", "ldmatrix_x4_trans", "float32_from_bits",
            "bf16_to_f32", "f32_to_bf16", "f16_to_f32", "f32_to_f16", "f16bits_to_f32", "f32_to_f16bits",
            "f32_as_u32", "u32_as_f32",

@@ -22,9 +22,13 @@ the ``ROWS`` weight loads before it uses the first (no branch between them: a ro
 the last row, and its sum is never stored). The partial sums meet in shared memory at the end.
 
   gpu/packed      rung 5  fp32 x; each weight byte becomes a float by the 2^23 trick (OR, subtract)
-  gpu/packed_dp4a rung 6  x quantized to int8 per block of 32 inside the kernel (each lane quantizes its
-                          own chunk: no second launch), then ``dp4a``: 4 int8 products summed per
-                          instruction, one float scale per block (:mod:`kernels_src.compiler.inline_ptx`)
+  gpu/packed_warp rung 6  a warp owns a few outputs and walks all of K, every load of a trip issued first
+  gpu/packed_dp4a rung 7  x quantized to int8 per block of 32 by a first small kernel, then ``dp4a``: 4 int8
+                          products summed per instruction, one float scale per block
+                          (:mod:`kernels_src.compiler.inline_ptx`)
+  gpu/packed_split rung 8 for a decode step's small products: one 16-byte chunk per lane, several warps per
+                          long row (rung 6's shapes leave most lanes idle or re-reading at K = 768)
+  gpu/packed_prmt rung 9  rung 8 with one ``prmt`` (byte_perm) per weight to make it a float
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import functools
 
 import numpy as np
 
-from ..compiler import cuda, dp4a, float32, int32, int_as_float, load4
+from ..compiler import byte_perm, cuda, dp4a, float32, int32, int_as_float, load4
 from .. import device
 from ..device import ceil_div
 from ..registry import register
@@ -122,6 +126,34 @@ def chunk_dot_f32(q8, w0, w1, w2, w3, xv):
                 hi = int_as_float(MAGIC | ((v >> (8 * j + 4)) & 15)) - float32(8388616.0)
                 s += lo * xv[4 * k + j] + hi * xv[16 + 4 * k + j]
     return s
+
+
+MAGIC_HI = np.int32(0x4B000000)  # 2^23 as a float32's bits: its bytes 0-2 are zero, byte 3 is 0x4B
+# byte_perm selectors: byte j of x, then bytes 0, 1 (zero) and 3 (0x4B) of MAGIC_HI: the float 2^23 + byte j
+SEL = (0x7540, 0x7541, 0x7542, 0x7543)
+
+
+@cuda.jit(device=True, inline=True)
+def chunk_dot_prmt(q8, w0, w1, w2, w3, xv):
+    """chunk_dot_f32 with one ``prmt`` per weight: the byte (Q8_0, after XOR 0x80) or the nibble (Q4_0, after one
+    AND for 4 of them) goes straight into the low byte of 2^23's bits, instead of shift, mask and OR."""
+    s = float32(0.0)
+    t = float32(0.0)  # two sums, each one FMA a weight (one chain would be twice as long)
+    if q8:
+        for k in range(4):
+            v = int32(int32((w0, w1, w2, w3)[k]) ^ OFFSET4)
+            for j in range(0, 4, 2):
+                s += (int_as_float(byte_perm(v, MAGIC_HI, SEL[j])) - float32(8388736.0)) * xv[4 * k + j]  # 2^23+128
+                t += (int_as_float(byte_perm(v, MAGIC_HI, SEL[j + 1])) - float32(8388736.0)) * xv[4 * k + j + 1]
+    else:
+        for k in range(4):
+            v = (w0, w1, w2, w3)[k]
+            lo = int32(v & 0x0F0F0F0F)
+            hi = int32((v >> 4) & 0x0F0F0F0F)
+            for j in range(4):
+                s += (int_as_float(byte_perm(lo, MAGIC_HI, SEL[j])) - float32(8388616.0)) * xv[4 * k + j]  # 2^23+8
+                t += (int_as_float(byte_perm(hi, MAGIC_HI, SEL[j])) - float32(8388616.0)) * xv[16 + 4 * k + j]
+    return s + t
 
 
 @cuda.jit(device=True, inline=True)
@@ -291,7 +323,7 @@ def split_shape(fmt, K):
 
 
 @functools.cache
-def make_split_kernel(fmt, R, S):
+def make_split_kernel(fmt, R, S, prmt=False):
     """Rung 8: a block of R*S warps computes R outputs; S warps share a row, lane l of warp s takes the row's
     chunks s*32 + l, s*32 + l + 32*S, ... (consecutive lanes, consecutive 16 bytes). One partial sum per lane,
     a tree over each warp's lanes in shared memory, then the S warps' sums added by one thread."""
@@ -317,7 +349,10 @@ def make_split_kernel(fmt, R, S):
             dd = float32(d[nn, c // 2 if q8 else c])
             for i in range(WPC // 4):
                 xv[4 * i], xv[4 * i + 1], xv[4 * i + 2], xv[4 * i + 3] = load4(x, c * (WPC // 4) + i)
-            acc += dd * chunk_dot_f32(q8, w0, w1, w2, w3, xv)
+            if prmt:
+                acc += dd * chunk_dot_prmt(q8, w0, w1, w2, w3, xv)
+            else:
+                acc += dd * chunk_dot_f32(q8, w0, w1, w2, w3, xv)
         part[w, lane] = acc
         cuda.syncthreads()
         h = 16
@@ -335,10 +370,10 @@ def make_split_kernel(fmt, R, S):
     return kernel
 
 
-def launch_split(y, x, qs, d, fmt, R=None, S=None):
+def launch_split(y, x, qs, d, fmt, R=None, S=None, prmt=False):
     R0, S0 = split_shape(fmt, x.size)
     R, S = R or R0, S or S0
-    make_split_kernel(fmt, R, S)[max(1, ceil_div(y.size, R)), (32, R * S)](y, x, qs, d)
+    make_split_kernel(fmt, R, S, prmt)[max(1, ceil_div(y.size, R)), (32, R * S)](y, x, qs, d)
 
 
 SIG = "void(float32[::1], float32[::1], int32[:, ::1], float16[:, ::1])"
@@ -420,6 +455,20 @@ def _register(fmt):
              ptx=[(make_split_kernel(fmt, *split_shape(fmt, 768)), SIG),
                   (make_split_kernel(fmt, *split_shape(fmt, 3072)), SIG)])(r8)
 
+    def r9(y, x, Wq):
+        qs, d = repack_gpu(Wq, fmt)
+        launch_split(y, x, qs, d, fmt, prmt=True)
+
+    r9.__doc__ = f"""Rung 8 with each weight made a float by one ``prmt`` (byte_perm): the byte or nibble is moved into
+        the low byte of 2^23's bits in one instruction, where rungs 5-8 shift, mask and OR (PTX: shr, and, or
+        per weight; Q4_0 now one AND per 4 nibbles). Per weight ~3 instructions (prmt, the 2^23 subtraction,
+        the FMA) instead of ~4.5. Rung 8's products are bound by instruction latency, so predicted: ~25 % off
+        each decode GEMV's kernel time beyond the launch (~3 us -> ~2.6 us), and ~15 % at 8192^2 for Q4_0,
+        whose rung 6 issued more instructions than copy speed allows."""
+    register(op, "gpu", "packed_prmt", rung=9,
+             ptx=[(make_split_kernel(fmt, *split_shape(fmt, 768), True), SIG),
+                  (make_split_kernel(fmt, *split_shape(fmt, 3072), True), SIG)])(r9)
+
 
 for _f in FORMATS:
     _register(_f)
@@ -472,6 +521,57 @@ def sweep(out=None, sizes=SWEEP_SIZES, configs=SWEEP, repeat=20):
     res = {"what": "quantized GEMV rungs 6-7 (make_warp_rows_kernel) shape sweep: outputs per warp, warps per block, "
                    "chunks per trip",
            "rows": rows, "copy": None if device.SIMULATED else bench.measure_copy(), "meta": bench.environment()}
+    if out:
+        bench.save_json(res, out)
+    return res
+
+
+# The large capstone's decode products (K, N): QKV, attention out, MLP up, MLP down, the tied head (vocabulary 96).
+DECODE_SIZES = [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 96)]
+SPLIT_SWEEP = [(16, 1), (8, 1), (4, 1), (4, 2), (2, 2), (2, 3), (2, 4), (1, 4), (1, 8), (2, 8)]
+
+
+def split_sweep(out=None, sizes=DECODE_SIZES, configs=SPLIT_SWEEP, repeat=30):
+    """Time rung 9 with each (rows per block, warps per row) in SPLIT_SWEEP, beside rungs 6 and 8 (default shapes), at
+    the decode step's products (GPU, L2 flushed, CUDA events): GB/s on GGML's bytes and the error against the
+    float64 reference. Which split a small product wants, measured rather than guessed."""
+    from .. import bench
+    from .quant import QUANT, packed_bytes, qgemv_ref
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for K, N in sizes:
+        x = rng.standard_normal(K).astype(np.float32)
+        W = rng.standard_normal((N, K)).astype(np.float32)
+        for fmt in FORMATS:
+            Wq = QUANT[fmt](W)
+            ref = qgemv_ref(fmt)(x, Wq)
+            qs, d = repack_gpu(Wq, fmt)
+            xd = cuda.to_device(x)
+            y = cuda.device_array(N, np.float32)
+            nbytes = packed_bytes(fmt)((K, N), 4)
+            cands = ([("packed_warp", None), ("packed_split", split_shape(fmt, K))]
+                     + [("packed_prmt", c) for c in configs])
+            for name, c in cands:
+                def launch(y, x, qs, d, name=name, c=c):
+                    if name == "packed_warp":
+                        launch_warp_rows(y, x, qs, d, fmt, False)
+                    else:
+                        launch_split(y, x, qs, d, fmt, *c, prmt=name == "packed_prmt")
+
+                try:
+                    t = bench._median(bench.time_gpu(launch, [(y, xd, qs, d)], repeat=repeat))
+                    err = float(np.max(np.abs(y.copy_to_host() - ref)) / (np.max(np.abs(ref)) + 1e-30))
+                    rows.append({"K": K, "N": N, "fmt": fmt, "variant": name, "split": c,
+                                 "default": c is None or tuple(c) == split_shape(fmt, K), "median_s": t,
+                                 "gbps": nbytes / t / 1e9, "max_rel_err": err})
+                except Exception as e:  # noqa: BLE001  (a shape that fails is a result too)
+                    rows.append({"K": K, "N": N, "fmt": fmt, "variant": name, "split": c,
+                                 "error": f"{type(e).__name__}: {e}"[:300]})
+                print(rows[-1], flush=True)
+    res = {"what": "quantized GEMV at the large capstone's decode shapes: rungs 6 and 8 (default shapes) and rung 9 "
+                   "for each (rows per block, warps per row)",
+           "rows": rows, "meta": bench.environment()}
     if out:
         bench.save_json(res, out)
     return res

@@ -45,6 +45,8 @@ Ladder (both formats)
   gpu/packed          rung 5    weights repacked (quants apart from the fp16 scales): 16-byte loads  (qgemv_packed.py)
   gpu/packed_warp     rung 6    a warp owns a few rows and walks all of K, every load of a trip issued first
   gpu/packed_dp4a     rung 7    rung 6 with x quantized to int8 first and dp4a (inline PTX) products
+  gpu/packed_split    rung 8    small products (a decode step's): one 16-byte chunk a lane, warps split long rows
+  gpu/packed_prmt     rung 9    rung 8 with one prmt (byte_perm) per weight to make it a float
 """
 from __future__ import annotations
 
