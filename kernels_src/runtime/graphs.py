@@ -110,6 +110,7 @@ class Graph:
         self.plan = plan
         self.stream = stream if stream is not None else new_stream()
         self.nodes: dict = {}
+        self._node_params: dict = {}
         updatable = set(updatable)
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         _check(driver.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
@@ -141,11 +142,18 @@ class Graph:
         if packed.name != old.name or packed.griddim != old.griddim or packed.blockdim != old.blockdim:
             raise ValueError(f"launch {i}: {packed.name} {packed.griddim} does not match the captured "
                              f"{old.name} {old.griddim}")
-        prm = driver.CUDA_KERNEL_NODE_PARAMS()
-        prm.func = packed.func
-        prm.gridDimX, prm.gridDimY, prm.gridDimZ = packed.griddim
-        prm.blockDimX, prm.blockDimY, prm.blockDimZ = packed.blockdim
-        prm.sharedMemBytes = packed.sharedmem
+        prm = self._node_params.get(i)
+        if prm is None:  # the node's own parameters as captured (function, context, grid), read once
+            res = driver.cuGraphKernelNodeGetParams(self.nodes[i])
+            if res[0] == driver.CUresult.CUDA_SUCCESS:
+                prm = res[1]
+            else:  # pragma: no cover (older drivers): rebuild them from the launch
+                prm = driver.CUDA_KERNEL_NODE_PARAMS()
+                prm.func = packed.func
+                prm.gridDimX, prm.gridDimY, prm.gridDimZ = packed.griddim
+                prm.blockDimX, prm.blockDimY, prm.blockDimZ = packed.blockdim
+                prm.sharedMemBytes = packed.sharedmem
+            self._node_params[i] = prm
         prm.kernelParams = packed.params_address
         prm.extra = 0
         _check(driver.cuGraphExecKernelNodeSetParams(self.exec, self.nodes[i], prm),
