@@ -40,6 +40,9 @@ TRADE_OFFS = {
 MLIR_GAPS = {
     "scan/gpu/lookback": "cuda.threadfence has no lowering in numba-cuda-mlir 0.6 (NotImplementedError)",
     "scan_exclusive/gpu/lookback": "cuda.threadfence has no lowering in numba-cuda-mlir 0.6 (NotImplementedError)",
+    "decode_attention/gpu/bfly_fused": "cuda.threadfence has no lowering in numba-cuda-mlir 0.6 (NotImplementedError)",
+    "decode_attention_paged/gpu/bfly_fused": "cuda.threadfence has no lowering in numba-cuda-mlir 0.6 "
+                                             "(NotImplementedError)",
     **{f"{op}/gpu/{v}": "mma.sync needs inline PTX, which numba-cuda-mlir 0.6 does not have"
        for op in ("gemm_tf32", "gemm_f16", "gemm_bf16")
        for v in ("mma_warp", "mma_smem", "mma_dbuf", "mma_wide", "mma_wide256", "mma_occ")},
