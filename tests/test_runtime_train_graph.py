@@ -97,6 +97,7 @@ def test_replayed_training_equals_eager(mode):
     le2, pe2 = run_train_step(cfg, "gpu", data, LRS)
     lg, pg, tr = run_trainer(cfg, "gpu", mode, data, LRS)
     assert tr.mode == mode and len(tr.plan) > 50 and tr.n_adamw == 2, tr.describe()
+    assert not tr.split, tr.split  # AdamW's new scalars went into the captured graph's own nodes
     assert np.isfinite(lg).all() and np.isfinite(le).all()
     for got, want, again, what in [(lg, le, le2, "losses")] + [(pg[k], pe[k], pe2[k], k) for k in pe]:
         spread = float(np.abs(want - again).max())

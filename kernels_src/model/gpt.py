@@ -600,8 +600,7 @@ class Trainer:
         self.mode = "graph" if mode == "auto" else mode
         self.plan = self.graph = None
         self.n_adamw = 0
-        self._packed = []
-        self._stream = None
+        self.split = ""  # set (with the reason) if AdamW's graph nodes cannot take new arguments
         self.steps = 0
 
     def _launch_fwd_bwd(self):
@@ -625,7 +624,9 @@ class Trainer:
             self._record(ids, targets, lr)
             return
         from ..compiler.launch import pack, recording
+        from ..runtime import graphs
         from ..runtime.graphs import _check
+        from ..runtime.launch import Plan
 
         rec: list = []
         with recording(rec, execute=False):  # AdamW's launches with this step's scalars, not run
@@ -640,9 +641,17 @@ class Trainer:
             self.graph.synchronize()  # the previous replay has read the pinned batch: overwrite it
             self._hids.array[...] = ids.reshape(-1)
             self._htg.array[...] = targets.reshape(-1)
-            for j, p in enumerate(packed):
-                self.graph.set_launch(first + j, p)
+            if not self.split:
+                try:
+                    for j, p in enumerate(packed):
+                        self.graph.set_launch(first + j, p)
+                except RuntimeError as e:  # this driver takes no new node arguments: AdamW outside the graph
+                    self.split = f"AdamW launched after the graph ({e})"
+                    self.graph = graphs.capture(Plan(self.plan.records[:first]), before=self._copy_in)
             self.graph.launch()
+            if self.split:
+                for p in packed:
+                    p.launch(self.graph.stream)
         else:
             s = driver.CUstream(0)
             _check(driver.cuStreamSynchronize(s), "cuStreamSynchronize")
@@ -669,8 +678,12 @@ class Trainer:
         self._hids, self._htg = graphs.Pinned((N,), np.int32), graphs.Pinned((N,), np.int32)
         if self.mode == "graph":
             n = len(self.plan)
-            self.graph = graphs.capture(self.plan, before=self._copy_in,
-                                        updatable=range(n - self.n_adamw, n))
+            try:
+                self.graph = graphs.capture(self.plan, before=self._copy_in,
+                                            updatable=range(n - self.n_adamw, n))
+            except RuntimeError as e:  # the nodes could not be found: AdamW outside the graph
+                self.split = f"AdamW launched after the graph ({e})"
+                self.graph = graphs.capture(Plan(fb.records), before=self._copy_in)
 
     def _copy_in(self, stream):
         from ..runtime import graphs
@@ -694,6 +707,8 @@ class Trainer:
         if self.mode == "eager":
             return "eager" + (f" ({self.why})" if self.why else "")
         n = len(self.plan) if self.plan is not None else "?"
+        if self.split:
+            return f"{self.mode} of {n} launches; {self.split}"
         return f"{self.mode} of {n} launches ({self.n_adamw} AdamW launches updated per step)"
 
 
