@@ -1471,8 +1471,8 @@ def decode_attention_bfly_fused(o, q, k, v, lengths):
 
     Rung 8 at L = 4096 took 26 us in the bench: ~19 us of split kernel, ~9 us of merge kernel, a launch gap.
     The fused merge is 32 splits x 512 floats per head, from L2, 4 rounds of 8 loads per thread (~1-2 us on the
-    critical path). Predict ~16-18 us at L = 4096 (~65 % of copy: the split kernel's own start-up and tail are
-    what is left) and >= 90 % of copy at L = 32768."""
+    critical path). Predict ~18 us at L = 4096 (~60 % of copy: the split kernel's own start-up and tail are
+    what is left) and a few % better than rung 8 at L = 32768."""
     launch_fused(o, q, k, v, lengths)
 
 
