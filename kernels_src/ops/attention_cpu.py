@@ -430,6 +430,34 @@ def attention_scores_cpu(sc, q, k, v, kv_len, causal):
 
 
 @njit(parallel=True, cache=True, error_model="numpy", fastmath=FAST_MATH)
+def _scores_prange(sc, q, k, v, kv_len, causal):
+    B, H, S, D = q.shape
+    T = k.shape[2]
+    g = H // k.shape[1]
+    scale = np.float32(1.0 / math.sqrt(D))
+    for bhi in prange(B * H * S):  # one row of scores per iteration
+        i = bhi % S
+        h = (bhi // S) % H
+        b = bhi // (S * H)
+        lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+        lim = max(0, min(T, lim))
+        for j in range(lim):  # visible keys: a dot product of two contiguous rows (packed FMAs)
+            x = np.float32(0.0)
+            for d in range(D):
+                x += q[b, h, i, d] * k[b, h // g, j, d]
+            sc[b, h, i, j] = x * scale
+        for j in range(lim, T):  # the masked tail, with no test per element
+            sc[b, h, i, j] = -np.inf
+
+
+@register("attention_scores", "cpu", "prange", rung=2)
+def attention_scores_prange(sc, q, k, v, kv_len, causal):
+    """Score rows over the cores (issue 36), the visibility test taken out of the inner loop (visible keys,
+    then a fill of -inf). The writes of S x T scores dominate; predict >= 70 % of copy from ~58 %."""
+    _scores_prange(sc, q, k, v, kv_len, causal)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=FAST_MATH)
 def _bwd_cpu(dq, dk, dv, do, q, k, v, o, lse, kv_len, causal, want_dq):
     B, H, S, D = q.shape
     Hkv, T = k.shape[1], k.shape[2]
