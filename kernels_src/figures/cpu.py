@@ -71,6 +71,18 @@ def board_table(board: dict, ops=None) -> str:
     return "\n".join(out)
 
 
+def ops_table(ops) -> str:
+    """The scoreboard rows of ``ops`` (a chapter's CPU table), from the committed cpuboard.json; a one-line
+    note where the board or an op's row has not been measured yet."""
+    board = load_board()
+    if board is None:
+        return "*The CPU scoreboard has not been measured yet: `python -m kernels_src cpuboard --again`.*"
+    have = {r["op"] for r in board["rows"]}
+    missing = [o for o in ops if o not in have]
+    note = f"\n\n*Not on the committed board yet: {', '.join(missing)}.*" if missing else ""
+    return board_table(board, ops=[o for o in ops if o in have]) + note
+
+
 def board_plot(board: dict, ax=None, ops=None):
     """Speed of each op's best CPU rung relative to torch and to NumPy (log scale; right of 1 = faster)."""
     import matplotlib.pyplot as plt
