@@ -375,7 +375,7 @@ _BLOCK = "syncthreads"
 
 
 @contextlib.contextmanager
-def threads_as_greenlets():
+def threads_as_greenlets(thread_class=None, on_block=None, on_barrier=None):
     """Run each simulated block's threads as greenlets in the calling thread instead of one OS thread each.
 
     The simulator's own block loop starts an OS thread per CUDA thread and polls them all until each has
@@ -391,6 +391,12 @@ def threads_as_greenlets():
     Not for everything: threads that wait on each other any other way (a spin on a flag) hang here, and the
     race detector and the grader keep the simulator's own loop, whose interleavings can expose a race. Tests
     that need a race-free kernel's results (the seed sweep, the registry against the reference) use this.
+
+    Hooks for the race detector (:func:`kernels_src.grading.racecheck.instrumented` with ``engine="greenlets"``):
+    ``thread_class`` (a :class:`_GreenThread` subclass) stands for each CUDA thread; ``on_block(grid_point)`` is
+    called before a block's threads start; ``on_barrier(grid_point, threads, waiting)`` when every live thread of
+    the block waits at ``syncthreads()``, before they go on (``threads``: all of the block's, ``waiting``: those
+    at the barrier; fewer than all when some ended without reaching it).
     """
     import greenlet
     from numba.cuda.simulator import kernel, kernelapi
@@ -403,12 +409,17 @@ def threads_as_greenlets():
     shim.Barrier = lambda parties, *a, **k: (_GreenBarrier(parties, current) if current[0] is not None
                                              else real_threading.Barrier(parties, *a, **k))
 
+    make_thread = thread_class or _GreenThread
+
     def run(self, grid_point, *args):
         main = greenlet.getcurrent()
+        if on_block is not None:
+            on_block(grid_point)
         live = []
         for block_point in np.ndindex(*self._block_dim):
-            t = _GreenThread(self, grid_point, block_point, main)
+            t = make_thread(self, grid_point, block_point, main)
             live.append((t, greenlet.greenlet(lambda: self._f(*args), parent=main)))
+        threads = [t for t, _ in live]
         runnable = live
         waits: dict = {}  # thread -> what it waits at (_BLOCK or a _GreenBarrier)
         try:
@@ -431,6 +442,8 @@ def threads_as_greenlets():
                 if full:
                     runnable = [tg for grp in full for tg in grp]
                 elif len(groups) == 1 and waits[live[0][0]] is _BLOCK:
+                    if on_barrier is not None:
+                        on_barrier(grid_point, threads, [t for t, _ in live])
                     runnable = live
                 elif live:
                     raise RuntimeError("simulated threads wait at different barriers and none is complete (a warp "

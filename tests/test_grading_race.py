@@ -2,8 +2,11 @@
 
 Tiled GEMM missing either barrier, a tree reduction missing its barrier, a barrier not reached by every
 thread: each must be reported every time, whatever order the simulator happens to run the threads in,
-and the correct kernels must come out clean.
+and the correct kernels must come out clean. Every case runs with both of the detector's engines: the
+simulator's OS threads (the grader's) and greenlets (tests/test_registry.py's race test of every GPU variant).
 """
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -11,12 +14,22 @@ import kernels_src
 from kernels_src.device import cuda
 from numba import float32
 
-from kernels_src.grading.racecheck import racecheck
+from kernels_src.grading.racecheck import racecheck as _racecheck
 
 pytestmark = pytest.mark.skipif(not kernels_src.device.SIMULATED, reason="the race detector instruments the simulator")
 
 TILE = 4
 REPEATS = 3  # the verdict must not depend on the thread schedule
+ENGINES = ["threads"] + (["greenlets"] if importlib.util.find_spec("greenlet") is not None else [])
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    return request.param
+
+
+def racecheck(kernel, griddim, blockdim, *args, engine):
+    return _racecheck(kernel, griddim, blockdim, *args, engine=engine)
 
 
 def _gemm(first_barrier: bool, second_barrier: bool):
@@ -54,20 +67,20 @@ def _gemm_args(rng, M=6, N=5, K=9):  # K spans 3 tiles, so the second barrier ma
     return grid, (TILE, TILE), C, A, B
 
 
-def test_tiled_gemm_correct_is_clean_and_right():
+def test_tiled_gemm_correct_is_clean_and_right(engine):
     rng = np.random.default_rng(0)
     grid, block, C, A, B = _gemm_args(rng)
-    rep = racecheck(_gemm(True, True), grid, block, C, A, B)
+    rep = racecheck(_gemm(True, True), grid, block, C, A, B, engine=engine)
     assert rep.ok, str(rep)
     np.testing.assert_allclose(C, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("first,second,kind", [(False, True, "read-after-write"), (True, False, "write-after-read")])
-def test_tiled_gemm_missing_a_barrier_is_always_caught(first, second, kind):
+def test_tiled_gemm_missing_a_barrier_is_always_caught(first, second, kind, engine):
     kernel = _gemm(first, second)
     for seed in range(REPEATS):
         grid, block, C, A, B = _gemm_args(np.random.default_rng(seed))
-        rep = racecheck(kernel, grid, block, C, A, B)
+        rep = racecheck(kernel, grid, block, C, A, B, engine=engine)
         assert not rep.ok
         text = str(rep)
         assert rep.races and all(r.array in ("sA", "sB") for r in rep.races), text
@@ -106,20 +119,20 @@ def _reduction(loop_barrier: bool, load_barrier: bool = True):
     return tree_sum
 
 
-def test_tree_reduction_correct_is_clean():
+def test_tree_reduction_correct_is_clean(engine):
     x = np.random.default_rng(1).standard_normal(70).astype(np.float32)
     out = np.zeros(3, np.float32)
-    rep = racecheck(_reduction(True), 3, BLOCK, out, x)
+    rep = racecheck(_reduction(True), 3, BLOCK, out, x, engine=engine)
     assert rep.ok, str(rep)
     np.testing.assert_allclose(out, np.add.reduceat(x.astype(np.float64), [0, 32, 64]), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("loop_barrier,load_barrier", [(False, True), (True, False)])
-def test_tree_reduction_missing_barrier_is_always_caught(loop_barrier, load_barrier):
+def test_tree_reduction_missing_barrier_is_always_caught(loop_barrier, load_barrier, engine):
     kernel = _reduction(loop_barrier, load_barrier)
     for seed in range(REPEATS):
         x = np.random.default_rng(seed).standard_normal(40).astype(np.float32)
-        rep = racecheck(kernel, 2, BLOCK, np.zeros(2, np.float32), x)
+        rep = racecheck(kernel, 2, BLOCK, np.zeros(2, np.float32), x, engine=engine)
         assert rep.races, f"missed the race (seed {seed})"
         assert rep.races[0].array == "s"
         assert "s[t] += s[t + stride]" in str(rep)
@@ -148,17 +161,17 @@ def barrier_in_branch(out, x):
     out[0] = x[0]
 
 
-def test_barrier_not_reached_by_every_thread():
+def test_barrier_not_reached_by_every_thread(engine):
     x = np.ones(40, np.float32)
-    rep = racecheck(early_return, 2, BLOCK, np.zeros(2, np.float32), x)
+    rep = racecheck(early_return, 2, BLOCK, np.zeros(2, np.float32), x, engine=engine)
     assert rep.barrier_problems and not rep.ok
     p = rep.barrier_problems[0]
     assert p.kind == "divergent" and p.reached == 8 and p.total == BLOCK and p.block == (1, 0, 0)
     assert "reached by only 8 of the 32 threads" in str(rep)
 
 
-def test_threads_waiting_at_different_barriers():
-    rep = racecheck(barrier_in_branch, 1, BLOCK, np.zeros(1, np.float32), np.ones(1, np.float32))
+def test_threads_waiting_at_different_barriers(engine):
+    rep = racecheck(barrier_in_branch, 1, BLOCK, np.zeros(1, np.float32), np.ones(1, np.float32), engine=engine)
     assert any(p.kind == "mismatched" for p in rep.barrier_problems), str(rep)
 
 
@@ -184,26 +197,35 @@ def atomic_then_plain_read(out, x):
     out[cuda.grid(1)] = s[0]  # reads while other threads still add: no barrier
 
 
-def test_atomics_do_not_race_with_each_other_but_do_with_plain_reads():
+def test_atomics_do_not_race_with_each_other_but_do_with_plain_reads(engine):
     x = np.ones(64, np.float32)
     out = np.zeros(2, np.float32)
-    assert racecheck(atomic_block_sum, 2, BLOCK, out, x).ok
+    assert racecheck(atomic_block_sum, 2, BLOCK, out, x, engine=engine).ok
     assert out.tolist() == [32.0, 32.0]
-    rep = racecheck(atomic_then_plain_read, 2, BLOCK, np.zeros(64, np.float32), x)
+    rep = racecheck(atomic_then_plain_read, 2, BLOCK, np.zeros(64, np.float32), x, engine=engine)
     assert any(r.kind == "ATOMIC" for r in rep.races), str(rep)
 
 
-def test_launches_are_recorded_with_types():
-    rep = racecheck(early_return, 1, BLOCK, np.zeros(1, np.float32), np.ones(3, np.float32))
+def test_launches_are_recorded_with_types(engine):
+    rep = racecheck(early_return, 1, BLOCK, np.zeros(1, np.float32), np.ones(3, np.float32), engine=engine)
     (la,) = rep.launches
     assert la.kernel == "early_return" and la.grid == (1, 1, 1) and la.block == (BLOCK, 1, 1)
     assert la.argtypes == ["float32[::1]", "float32[::1]"]
 
 
-def test_simulator_is_restored_after_racecheck():
+def test_simulator_is_restored_after_racecheck(engine):
     from numba.cuda.simulator import kernel as skernel
     from numba.cuda.simulator import kernelapi
 
-    before = (skernel.BlockManager.run, kernelapi.FakeCUDAShared.array, skernel.FakeCUDAKernel.__call__)
-    racecheck(atomic_block_sum, 1, BLOCK, np.zeros(1, np.float32), np.ones(32, np.float32))
-    assert before == (skernel.BlockManager.run, kernelapi.FakeCUDAShared.array, skernel.FakeCUDAKernel.__call__)
+    def state():
+        return (skernel.BlockManager.run, kernelapi.FakeCUDAShared.array, skernel.FakeCUDAKernel.__call__,
+                skernel.BlockThread.syncthreads, kernelapi.threading)
+
+    before = state()
+    racecheck(atomic_block_sum, 1, BLOCK, np.zeros(1, np.float32), np.ones(32, np.float32), engine=engine)
+    assert before == state()
+
+
+def test_an_unknown_engine_is_refused():
+    with pytest.raises(ValueError, match="engine"):
+        _racecheck(atomic_block_sum, 1, BLOCK, np.zeros(1, np.float32), np.ones(32, np.float32), engine="fibres")

@@ -160,8 +160,11 @@ _sim_dir = None
 _HERE = os.path.abspath(__file__)
 
 
+_OUR_SIMULATOR = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "simulator.py")  # the greenlet engine
+
+
 def _skip_file(fn: str) -> bool:
-    return fn == _HERE or (_sim_dir is not None and fn.startswith(_sim_dir))
+    return fn == _HERE or fn == _OUR_SIMULATOR or (_sim_dir is not None and fn.startswith(_sim_dir))
 
 
 def _caller(depth: int = 2):
@@ -174,6 +177,9 @@ def _caller(depth: int = 2):
 
 
 _tls = threading.local()
+# the simulated CUDA thread running now: an OS thread of the simulator's own loop, or a greenlet's stand-in
+# while instrumented(engine="greenlets") is active (the simulator's kernel API asks the same function)
+_current_thread = threading.current_thread
 
 
 class _Tracker:
@@ -190,7 +196,7 @@ class _Tracker:
         self.state.clear()
 
     def access(self, key, name, shape, kind):
-        t = threading.current_thread()
+        t = _current_thread()
         tid = getattr(t, "_rc_tid", None)
         if tid is None:
             idx = getattr(t, "threadIdx", None)
@@ -448,9 +454,18 @@ def _numba_type(a) -> str:
 
 
 @contextlib.contextmanager
-def instrumented(track_races: bool = True):
-    """Patch the simulator for the duration of the block. Yields a session with ``.report()``."""
-    global _active, _sim_dir
+def instrumented(track_races: bool = True, engine: str = "threads"):
+    """Patch the simulator for the duration of the block. Yields a session with ``.report()``.
+
+    ``engine``: how each block's threads run. ``"threads"`` (the grader's): the simulator's own loop, one OS
+    thread per CUDA thread. ``"greenlets"``: :func:`kernels_src.simulator.threads_as_greenlets`, each thread in
+    turn up to its next barrier, many times faster. The detector's verdict does not depend on the order the
+    threads ran in (see the module's docstring), so both find the same races and barrier problems; the tests
+    run the same faulty kernels through both (tests/test_grading_race.py). The grader keeps OS threads, whose
+    interleavings are also what a student's unsynchronised kernel meets."""
+    global _active, _sim_dir, _current_thread
+    if engine not in ("threads", "greenlets"):
+        raise ValueError(f"engine must be 'threads' or 'greenlets', not {engine!r}")
     if not device.SIMULATED:
         raise RuntimeError("race checking needs the CUDA simulator (KERNELS_DEVICE=sim); numba.cuda is "
                            f"the real GPU target here ({device.REASON})")
@@ -505,7 +520,7 @@ def instrumented(track_races: bool = True):
                 w.sync(during_launch=True)
 
     def setitem(self, idx, val):
-        if session.watched and getattr(threading.current_thread(), "threadIdx", None) is not None:
+        if session.watched and getattr(_current_thread(), "threadIdx", None) is not None:
             session._kernel_store(self._ary, idx)
         return orig_setitem(self, idx, val)
 
@@ -599,17 +614,47 @@ def instrumented(track_races: bool = True):
             if t.exception:
                 raise t.exception[0].with_traceback(t.exception[1])
 
+    def on_block(grid_point):
+        tracker = session.current
+        if tracker is not None:
+            tracker.block = tuple(int(g) for g in grid_point)
+            tracker.new_interval()
+
+    def on_barrier(grid_point, threads, blocked):
+        tracker = session.current
+        if tracker is not None:
+            _check_barrier(tracker, grid_point, threads, blocked)
+            tracker.new_interval()
+
+    green = None
+    if engine == "greenlets":
+        from ..simulator import _GreenThread, threads_as_greenlets
+
+        class _RcGreenThread(_GreenThread):
+            def syncthreads(self):
+                self._rc_barrier = _caller(2)
+                return super().syncthreads()
+
+        green = threads_as_greenlets(thread_class=_RcGreenThread, on_block=on_block, on_barrier=on_barrier)
+
     skernel.FakeCUDAKernel.__call__ = call
     sdevicearray.FakeCUDAArray.__setitem__ = setitem
-    skernel.BlockManager.run = bm_run
     skernel.BlockThread.syncthreads = syncthreads
     kernelapi.FakeCUDAShared.array = shared_array
     for n, fn in saved["atomic"].items():
         setattr(kernelapi.FakeCUDAAtomic, n, make_atomic(fn))
+    if green is None:
+        skernel.BlockManager.run = bm_run
+    else:
+        green.__enter__()  # replaces BlockManager.run and the kernel API's threading module
+        _current_thread = kernelapi.threading.current_thread
     _active = session
     try:
         yield session
     finally:
+        if green is not None:
+            _current_thread = threading.current_thread
+            green.__exit__(None, None, None)
         skernel.FakeCUDAKernel.__call__ = saved["call"]
         sdevicearray.FakeCUDAArray.__setitem__ = saved["setitem"]
         skernel.BlockManager.run = saved["bm_run"]
@@ -636,9 +681,10 @@ def _check_barrier(tracker: _Tracker, grid_point, threads, blocked) -> None:
                                                           kind="mismatched"))
 
 
-def racecheck(kernel, griddim, blockdim, *args) -> RaceReport:
-    """Launch ``kernel[griddim, blockdim](*args)`` once in the instrumented simulator; return the report."""
-    with instrumented() as s:
+def racecheck(kernel, griddim, blockdim, *args, engine: str = "threads") -> RaceReport:
+    """Launch ``kernel[griddim, blockdim](*args)`` once in the instrumented simulator; return the report.
+    ``engine``: as :func:`instrumented` takes it."""
+    with instrumented(engine=engine) as s:
         with device.simulator_speedup():
             kernel[griddim, blockdim](*args)
     return s.report()
