@@ -456,6 +456,15 @@ def _unplain(d):
     return d
 
 
+def _decorator_inline(node):
+    """The ``inline=`` constant of a def's decorator call (``@cuda.jit(device=True, inline=True)``), else None."""
+    for d in node.decorator_list:
+        for kw in getattr(d, "keywords", ()):
+            if kw.arg == "inline" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, (bool, str)):
+                return kw.value.value
+    return None
+
+
 def build(source_path: str, pack: dict) -> dict:
     """Rebuild the pack's functions from the notebook's text; returns the namespace (name -> object)."""
     from .. import device
@@ -474,6 +483,7 @@ def build(source_path: str, pack: dict) -> dict:
     made = {}
     for fname, p in pack.items():
         node = find_def(tree, fname, p["line"])
+        src_inline = _decorator_inline(node)
         node.decorator_list = []
         code = compile(ast.Module([node], []), source_path, "exec")
         exec(code, ns)  # noqa: S102  (a `def` only: defines the function, runs none of its body)
@@ -493,8 +503,14 @@ def build(source_path: str, pack: dict) -> dict:
             kw = {"device": p["kind"] == "cuda_device"}
             if fm:
                 kw["fastmath"] = fm
-            if opts.get("inline") and kw["device"]:  # a non-inlined device function asks for the current
-                kw["inline"] = opts["inline"]  # device when compiled to PTX: with no GPU, that fails
+            # A non-inlined device function asks for the current device when it is compiled to PTX: with no
+            # GPU, that fails. The simulator keeps no options, so inline= is read from the decorator's text too;
+            # and a PTX build inlines every device function (inlining changes no typing, which is what it checks).
+            inline = opts.get("inline") or src_inline
+            if kw["device"] and device.MODE == "ptx" and inline in (None, False, "never"):
+                inline = True
+            if kw["device"] and inline and inline != "never":
+                kw["inline"] = inline
             made[fname] = device.cuda.jit(**kw)(fn)
     for fname, obj in made.items():
         ns[fname] = obj
