@@ -16,7 +16,8 @@ while the loads, adds and multiplies around it could run 8 (AVX2) or 16 (AVX-512
 - ``e^r`` by its Taylor polynomial to degree 7 in Horner form; the first term left out is r^8/8! <= 5.2e-9
   relative at |r| = ln2/2, below float32's half ulp (6.0e-8), so the error is the float32 rounding of the
   Horner steps;
-- ``2^n`` straight from its bit pattern, (n + 127) << 23 (:func:`float32_from_bits`), split as
+- ``2^n`` straight from its bit pattern, (n + 127) * 2^23 computed in float32 (exact) and converted once
+  (:func:`pow2f`, :func:`float32_from_bits`; integer arithmetic would be widened to int64 by Numba), split as
   2^(n - n//2) * 2^(n//2) so that both halves are normal floats for every n the clamp allows: results from
   overflow (inf, for x > 88.72) through the subnormals to 0 (x < -103.9) come out of the same arithmetic.
 - NaN stays NaN (a select at the end; the fastmath flags used never include ``nnan``), +inf gives inf, -inf 0.
@@ -55,17 +56,29 @@ def pow2i(n):
     return float32_from_bits((n + BIAS) << np.int32(23))
 
 
+TWO23 = np.float32(8388608.0)  # 2**23: one step of the exponent field
+BIAS_BITS = np.float32(127 * 8388608.0)  # the exponent bias, already shifted into place
+
+
+@njit(inline="always", error_model="numpy")
+def pow2f(nf):
+    """2.0**nf for a whole float32 nf in [-126, 127], built from its exponent bits without integer arithmetic:
+    (nf + 127) * 2**23 is a whole number below 2**31 with at most 8 significant bits, so the float computes it
+    exactly and one conversion (vcvttps2dq) gives the bit pattern. Numba widens int32 arithmetic to int64, which
+    in a vector loop costs a widening, two half-width operations and a narrowing per step; this costs none."""
+    return float32_from_bits(np.int32(nf * TWO23 + BIAS_BITS))
+
+
 @njit(inline="always", error_model="numpy")
 def exp_f32(x):
     """e**x in float32 with arithmetic LLVM can vectorize (no libm call); NaN in, NaN out."""
-    xc = X_HI if x > X_HI else (X_LO if x < X_LO else x)  # a NaN x fails both tests and stays NaN here ...
+    xc = X_HI if x > X_HI else (x if x >= X_LO else X_LO)  # a NaN x fails both tests: X_LO, a number, ...
     nf = np.floor(xc * LOG2E + HALF)
     r = (xc - nf * LN2_HI) - nf * LN2_LO
     p = F1 + r * (F1 + r * (C2 + r * (C3 + r * (C4 + r * (C5 + r * (C6 + r * C7))))))
-    n = np.int32(nf) if nf == nf else np.int32(0)  # ... but a NaN must not reach the integer conversion
-    n1 = n >> np.int32(1)
-    y = p * pow2i(n - n1) * pow2i(n1)
-    return y if x == x else x
+    n1 = np.floor(nf * HALF)  # 2^n = 2^(n - n1) 2^n1, both halves normal floats for every n the clamp allows
+    y = p * pow2f(nf - n1) * pow2f(n1)
+    return y if x == x else x  # ... and the NaN comes back here
 
 
 @njit(inline="always", error_model="numpy")

@@ -56,7 +56,7 @@ from .reductions import (FAST_MATH, row_jit, NEG_INF, ONE, ZERO, torch_view, blo
 from ..device import ceil_div
 from .. import device
 from .cpu_baselines import aten_out, torch_cpu, tviews
-from .cpumath import C2, C3, C4, C5, C6, C7, F1, HALF, LN2_HI, LN2_LO, LOG2E, pow2i
+from .cpumath import C2, C3, C4, C5, C6, C7, F1, HALF, LN2_HI, LN2_LO, LOG2E, pow2f
 
 THREADS = None  # block size of the register rungs (None: from the row length and PER_THREAD)
 PER_THREAD = 16  # target values per thread in the register rungs (N = 4096 -> 256 threads of 16)
@@ -241,7 +241,7 @@ EXP_FLOOR = np.float32(-80.0)  # e^-80 = 1.8e-35: far below any tolerance, far a
 
 @njit(inline="always", error_model="numpy")
 def exp_nonpos(d):
-    """exp(d) for d = x - max <= 0 (or NaN), from cpumath's pieces (its constants, polynomial and pow2i),
+    """exp(d) for d = x - max <= 0 (or NaN), from cpumath's pieces (its constants, polynomial and pow2f),
     specialised to what a softmax needs. Two changes from exp_f32:
 
     - d < -80 gives 0 (-inf included) and is never computed: e^-104, which exp_f32 builds for -inf, goes
@@ -257,7 +257,7 @@ def exp_nonpos(d):
     nf = np.floor(dc * LOG2E + HALF)
     r = (dc - nf * LN2_HI) - nf * LN2_LO
     p = F1 + r * (F1 + r * (C2 + r * (C3 + r * (C4 + r * (C5 + r * (C6 + r * C7))))))
-    y = p * pow2i(np.int32(nf))
+    y = p * pow2f(nf)  # 2^n from float arithmetic and one conversion (issue 36: no int64-promoted steps)
     return np.float32(0.0) if d < EXP_FLOOR else (y if d == d else d)
 
 
