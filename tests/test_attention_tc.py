@@ -94,22 +94,40 @@ def test_the_swizzled_double_buffered_staging(fmt):
     """Rungs 3-4's staging (swizzled unpadded rows, conflict-free V transposes, two buffers), run with the
     shared-memory reductions so that the simulator can run it: three key tiles (the last partial), D = 64 (the
     swizzled K rows) and D = 20 (padded to 32 values: K rows of 16 words, not swizzled); rung 5's 8 warps and
-    rung 6's exponent (ex2)."""
+    rung 6's exponent (ex2). In the simulator each launch also goes through the race detector (blocks' threads
+    as greenlets: its verdict does not depend on the schedule), so the staging is race-free as well as right."""
+    import contextlib
+
+    if device.SIMULATED:
+        from kernels_src.grading.racecheck import instrumented
+
+        checked = instrumented(engine="greenlets")
+    else:
+        checked = contextlib.nullcontext()
+    rng = np.random.default_rng(4)
+    op = get_op(at.OPS[fmt])
+    cases = [((1, 1, 5, 150, 64, 1), 4, False), ((1, 1, 3, 70, 20, 0), 4, True), ((1, 1, 2, 70, 64, 1), 8, True)]
+    with checked as session:
+        for size, nw, ex2 in cases if fmt == "bf16" else cases[:2]:  # the layouts once, in bf16
+            _staging_case(fmt, op, rng, size, nw, ex2)
+    if session is not None:
+        races = session.report()
+        staged = [la for la in races.launches if la.kernel == "make_kernel.<locals>.kernel"]
+        assert len(staged) == (3 if fmt == "bf16" else 2) and races.ok, str(races)
+
+
+def _staging_case(fmt, op, rng, size, nw, ex2):
     import math
 
     from kernels_src.compiler import cuda
 
-    rng = np.random.default_rng(4)
-    op = get_op(at.OPS[fmt])
-    cases = [((1, 1, 5, 150, 64, 1), 4, False), ((1, 1, 3, 70, 20, 0), 4, True), ((1, 1, 2, 70, 64, 1), 8, True)]
-    for size, nw, ex2 in cases if fmt == "bf16" else cases[:2]:  # the simulator is slow: the layouts once, in bf16
-        q, k, v, causal = op.make_inputs(size, "float32", rng)
-        B, H, S, T, D, _ = size
-        DW = at.padded_words(D)
-        kern = at.make_kernel(fmt, DW, False, True, True, nw, ex2)
-        o = cuda.to_device(np.full((B * H * S, D), 0x7E5D, np.uint16))  # poisoned (a NaN in both formats)
-        kern[(1, B * H), kern.threads](o, at.as_words(cuda.to_device(q), DW), at.as_words(cuda.to_device(k), DW),
-                                at.as_words(cuda.to_device(v), DW), S, T, causal, np.float32(1 / math.sqrt(D)))
-        bits = o.copy_to_host().reshape(B, H, S, D)
-        got = decode(bits) if fmt == "bf16" else bits.view(np.float16).astype(np.float64)
-        assert _passes(got, at.reference(q, k, v, causal), size, fmt), size
+    q, k, v, causal = op.make_inputs(size, "float32", rng)
+    B, H, S, T, D, _ = size
+    DW = at.padded_words(D)
+    kern = at.make_kernel(fmt, DW, False, True, True, nw, ex2)
+    o = cuda.to_device(np.full((B * H * S, D), 0x7E5D, np.uint16))  # poisoned (a NaN in both formats)
+    kern[(1, B * H), kern.threads](o, at.as_words(cuda.to_device(q), DW), at.as_words(cuda.to_device(k), DW),
+                                   at.as_words(cuda.to_device(v), DW), S, T, causal, np.float32(1 / math.sqrt(D)))
+    bits = o.copy_to_host().reshape(B, H, S, D)
+    got = decode(bits) if fmt == "bf16" else bits.view(np.float16).astype(np.float64)
+    assert _passes(got, at.reference(q, k, v, causal), size, fmt), size
