@@ -84,3 +84,27 @@ def test_the_loop_vectorizes_without_libm_calls():
     assert counts["widest_fp_bits"] >= 256, counts  # AVX2 or wider (CI's x86-64 machines have AVX2)
     assert counts["packed_fp_total"] >= 10, counts
     assert not any("exp" in c for c in counts["calls"]), counts["calls"]
+
+
+def test_erfc_as_absolute_bound_and_special_values():
+    """The A&S 7.1.26 erfc that GELU's shared-exp rungs use: absolute error within its stated bound over the range
+    where erfc is not yet 0 or 2 in float32, both signs; a fit one coefficient off is rejected by the same bound."""
+    import math
+
+    x = np.linspace(-12, 12, 400_001, dtype=np.float32)
+    out = np.full_like(x, np.nan)  # poisoned
+    cpumath.erfc_as_array(out, x)
+    ref = np.array([math.erfc(v) for v in x.astype(np.float64)])
+    err = np.abs(out.astype(np.float64) - ref)
+    assert err.max() <= cpumath.ERFC_AS_MAX_ABS_ERR, f"max abs error {err.max():.3g} at x={x[err.argmax()]}"
+    z = np.abs(x.astype(np.float64))
+    t = 1 / (1 + 0.3275911 * z)
+    wrong = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429 * 1.001)))) \
+        * np.exp(-z * z)
+    wrong = np.where(x >= 0, wrong, 2 - wrong)
+    assert np.abs(wrong - ref).max() > cpumath.ERFC_AS_MAX_ABS_ERR
+    sp = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 30.0, -30.0], np.float32)
+    got = np.full_like(sp, -7)
+    cpumath.erfc_as_array(got, sp)
+    assert np.isnan(got[0]) and got[1] == 0.0 and got[2] == 2.0
+    assert abs(got[3] - 1.0) <= 3e-7 and abs(got[4] - 1.0) <= 3e-7 and got[5] == 0.0 and got[6] == 2.0
