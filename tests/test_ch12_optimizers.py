@@ -236,6 +236,17 @@ def test_adam_l2_infinite_weight(key):
     assert got[0][0] == np.inf and got[0][1] == -np.inf and np.isfinite(got[1]).all()
 
 
+@pytest.mark.parametrize("key", _keys("sgd_momentum"))
+def test_sgd_infinite_weight_without_decay_stays_infinite(key):
+    """torch.optim.SGD adds wd p to the gradient only when wd != 0: at wd = 0 an infinite weight stays infinite and
+    its momentum finite (the rungs computed g + 0 * inf = NaN before)."""
+    inputs = (np.array([np.inf, -np.inf, 1.0], np.float32), np.array([0.5, -0.5, 1.0], np.float32),
+              np.array([0.1, 0.1, 0.1], np.float32), 0.1, 0.9, 0.0, 1)
+    with np.errstate(all="ignore"):
+        got, _ = _edge_check(key, inputs)
+    assert got[0][0] == np.inf and got[0][1] == -np.inf and np.isfinite(got[1]).all()
+
+
 @pytest.mark.parametrize("key", _keys("adamw_mixed"))
 def test_mixed_infinite_master_weight_stays_infinite(key):
     """The mixed-precision step follows the same rule: an infinite fp32 master weight stays infinite and its bf16

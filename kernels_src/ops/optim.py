@@ -100,7 +100,7 @@ HYPER = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, wd=0.01)  # torch.optim.
 # ================================================================================== references
 def sgd_momentum_reference(p, g, b, lr, momentum, wd, nesterov):
     """float64 oracle of one SGD step with momentum (torch.optim.SGD, dampening 0, b starting at 0)."""
-    gt = g + wd * p
+    gt = g + wd * p if wd != 0 else g  # as torch: no decay term at wd = 0 (0 * inf would be NaN)
     b_new = momentum * b + gt
     d = gt + momentum * b_new if nesterov else b_new
     return p - lr * d, b_new
@@ -358,7 +358,7 @@ define_op("adamw_clip", reference=adamw_clip_reference, make_inputs=make_inputs_
 @njit(cache=True)
 def _sgd_loop(p_new, b_new, p, g, b, lr, mu, wd, nesterov):
     for i in range(p.size):
-        gt = g[i] + wd * p[i]
+        gt = g[i] + wd * p[i] if wd != 0 else g[i]
         bi = mu * b[i] + gt
         b_new[i] = bi
         p_new[i] = p[i] - lr * (gt + mu * bi if nesterov else bi)
@@ -367,7 +367,7 @@ def _sgd_loop(p_new, b_new, p, g, b, lr, mu, wd, nesterov):
 @njit(cache=True, parallel=True)
 def _sgd_prange(p_new, b_new, p, g, b, lr, mu, wd, nesterov):
     for i in prange(p.size):
-        gt = g[i] + wd * p[i]
+        gt = g[i] + wd * p[i] if wd != 0 else g[i]
         bi = mu * b[i] + gt
         b_new[i] = bi
         p_new[i] = p[i] - lr * (gt + mu * bi if nesterov else bi)
@@ -634,7 +634,7 @@ def sgd_momentum_kernel(p_new, b_new, p, g, b, lr, mu, wd, nesterov):
     # p, g, b (N,) -> p_new, b_new (N,); one thread per parameter
     i = cuda.grid(1)
     if i < p.size:
-        gt = g[i] + wd * p[i]
+        gt = g[i] + wd * p[i] if wd != 0 else g[i]
         bi = mu * b[i] + gt
         b_new[i] = bi
         if nesterov:
