@@ -94,6 +94,8 @@ MUTANTS = [
      "p_new[i] = p[i] - lr * bi"),
     ("ch12_optimizers", "q2", "epsilon inside the square root",
      "mi / (math.sqrt(vi) * inv_sqrt_bc2 + eps)", "mi / (math.sqrt(vi + eps) * inv_sqrt_bc2)"),
+    ("ch12_optimizers", "q2", "decay as a subtraction (an infinite weight: inf - inf)", "pi = p[i] * decay",
+     "pi = p[i] - p[i] * (1 - decay)"),
     ("ch12_optimizers", "q3", "missing bias correction of m", "du_bc[i] = -lr * (m / (1.0 - beta1))",
      "du_bc[i] = -lr * m"),
     ("ch12_optimizers", "q3", "epsilon inside the square root", "(math.sqrt(v / (1.0 - beta2)) + eps)",
