@@ -15,7 +15,7 @@ from kernels_src import device
 from kernels_src.grading import bundle as bundle_mod
 from kernels_src.grading import corpus
 from kernels_src.grading.submission import load_autograder
-from test_grading_seeds import _failures
+from test_grading_seeds import _engine, _failures
 
 SEEDS = (0, 1, 2)
 # The prediction questions (a model of a kernel's time or speed-up, "predict_*") are graded against the H100's
@@ -290,14 +290,15 @@ def test_mutant_fails_a_hidden_check(slug, question, name, old, new):
         pytest.skip(f"GPU answers cannot run here ({device.REASON})")
     mod = _mutated_module(slug, question, old, new)
     survived = []
-    for seed in SEEDS:
-        caught = False
-        for spec in specs:
-            fn = getattr(mod, spec.function)
-            if _failures(spec, fn, seed):
-                caught = True
-                break
-        if not caught:
-            survived.append(seed)
+    with _engine(slug):  # simulated blocks' threads as greenlets, as in the seed sweep: a mutant must fail on the
+        for seed in SEEDS:  # inputs, whatever the schedule (one a GPU may run), not on an unlucky interleaving
+            caught = False
+            for spec in specs:
+                fn = getattr(mod, spec.function)
+                if _failures(spec, fn, seed):
+                    caught = True
+                    break
+            if not caught:
+                survived.append(seed)
     assert not survived, (f"{slug}/{question}: the mutant '{name}' passes every hidden check on seed(s) {survived}: "
                           "the hidden inputs cannot tell it from a right answer")
