@@ -109,3 +109,38 @@ def test_convenience_call_cpu():
     x, b = _inputs((3, 8), 5)
     y = B.bias_gelu_dropout(x, b, 0.25, 11, 2)
     assert parity.compare("y", y, B.reference(x.astype(np.float64), b.astype(np.float64), 0.25, 11, 2), *B.TOL).ok
+
+
+# ------------------------------------------------------------------------------------------ backward
+BWD = [v for v in variants("bias_gelu_dropout_bwd") if not v.baseline]
+
+
+def _run_bwd(v, dy, x, b, p, seed, offset):
+    refs = (np.asarray(B.reference_bwd(dy.astype(np.float64), x.astype(np.float64), b.astype(np.float64), p, seed,
+                                       offset)),)
+    (dx,) = parity.run_variant(v, (dy, x, b, p, seed, offset), parity.empty_outputs(refs, "float32"))
+    return dx, refs[0]
+
+
+@pytest.mark.parametrize("key", [v.key for v in BWD])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (3, 36), (2, 257)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_bwd_p0_p1_and_mask(key, shape):
+    """p = 0: GELU's derivative times dy; p = 1: exactly 0 (NaN in dy included); p = 0.3: zero exactly where the
+    forward dropped, dy / (1 - p) times the derivative elsewhere."""
+    v = next(v for v in BWD if v.key == key)
+    _skip_unavailable(v)
+    x, b = _inputs(shape, 6)
+    dy = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+    t = x.astype(np.float64) + b.astype(np.float64)
+    dx, ref = _run_bwd(v, dy, x, b, 0.0, 3, 1)
+    np.testing.assert_allclose(dx, act.gelu_tanh_bwd_ref(dy.astype(np.float64), t), rtol=2e-5, atol=2e-6)
+    dy_nan = dy.copy()
+    dy_nan.flat[0] = np.nan
+    dx, ref = _run_bwd(v, dy_nan, x, b, 1.0, 3, 1)
+    assert (dx == 0).all()
+    dx, ref = _run_bwd(v, dy, x, b, 0.3, 3, 1)
+    keep = P.keep_mask(0.3, 3, 1, x.size).reshape(shape)
+    assert (dx[~keep] == 0).all()
+    np.testing.assert_allclose(dx[keep], (act.gelu_tanh_bwd_ref(dy.astype(np.float64), t) / 0.7)[keep], rtol=2e-5,
+                               atol=2e-6)
+    assert parity.compare("dx", dx, ref, *B.TOL).ok

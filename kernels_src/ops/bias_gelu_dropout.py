@@ -26,6 +26,16 @@ Ladder
                         4-byte loads and stores (any N)
   gpu/fused_v4  rung 3  one kernel, a 2-D grid (rows on y), one 16-byte load of x and of b and one 16-byte store
                         of y per Philox call (N a multiple of 4, else rung 2)
+
+The backward, bias_gelu_dropout_bwd: dy (M,N), x (M,N), b (N,), p, seed, offset -> dx (M,N)
+        dx[r, c] = gelu_tanh'(x[r, c] + b[c]) * (keep_i ? dy[r, c] / (1 - p) : 0)
+        the mask regenerated again, and x + b recomputed from x and b instead of stored: 12MN bytes (dy and x in,
+        dx out). db = the column sums of dx is a reduction (chapter 7), left out here.
+  cpu/loop, cpu/prange    rungs 1, 2 as the forward
+  gpu/torch     base    torch eager with the mask it stored in the forward: gelu_backward(native_dropout_backward(
+                        dy, mask, 1 / (1 - p)), x + b) (the mask made once, not timed; torch's stream: speed only)
+  gpu/fused     rung 1  one thread per four flat elements, 4-byte accesses
+  gpu/fused_v4  rung 2  16-byte loads of dy, x and b, a 16-byte store of dx (N % 4 == 0, else rung 1)
 """
 import numpy as np
 
@@ -285,3 +295,171 @@ def bias_gelu_dropout(x, b, p, seed, offset=0, out=None):
     y = out if out is not None else np.empty_like(x)
     bgd_cpu_par(y, x, np.ascontiguousarray(b, dtype=np.float32), p, seed, offset)
     return y
+
+
+# ===================================================================================== the backward
+def reference_bwd(dy, x, b, p, seed, offset):
+    """float64: dropout's backward on dy (the same mask, regenerated), then GELU's derivative at x + b."""
+    return act.gelu_tanh_bwd_ref(ph.dropout_bwd_ref(dy, p, seed, offset), x + b)
+
+
+def make_inputs_bwd(size, dtype, rng):
+    x, b, p, seed, offset = make_inputs(size, dtype, rng)
+    return rng.standard_normal(x.shape).astype(dtype), x, b, p, seed, offset
+
+
+def make_edge_inputs_bwd(size, dtype, rng):
+    """NaN and infinities in dy (a dropped one must give exactly 0), GELU's finite edge values in x (its derivative
+    at +-inf is 0 * inf in the textbook formula, a question the kernels do not answer), p = 1, 1/3 or 1/2."""
+    dy, x, b, _, seed, offset = make_inputs_bwd(size, dtype, rng)
+    _sprinkle(dy, rng, [np.nan, np.inf, -np.inf, -0.0])
+    _sprinkle(x, rng, act._EDGE_VALUES[:6])
+    return dy, x, b, float(rng.choice([1.0, 1.0 / 3.0, 0.5])), seed, offset
+
+
+def bytes_bwd(s, itemsize):
+    M, N = s
+    return (3 * M * N + N) * itemsize
+
+
+define_op("bias_gelu_dropout_bwd", reference=reference_bwd, make_inputs=make_inputs_bwd, chapter=16,
+          title="bias + GELU + dropout backward (mask regenerated, x + b recomputed)", size_names=("M", "N"),
+          kind="memory", tol=TOL, output_names=("dx",), sizes=SIZES, edge_inputs=make_edge_inputs_bwd,
+          flops=lambda s: 40 * s[0] * s[1], bytes=bytes_bwd)
+
+_gelu_bwd_cpu = act._cpu(act.gelu_tanh_bwd_s)
+_gelu_bwd_dev = act._dev(act.gelu_tanh_bwd_s)
+
+
+@njit(inline="always")
+def _group_bwd_cpu(dx, dy, x, b, g, n, N, t, scale, k0, k1, o0, o1):
+    r = ph.philox10_cpu(np.uint32(g & 0xFFFFFFFF), np.uint32(g >> 32), o0, o1, k0, k1)
+    for j in range(min(4, n - 4 * g)):
+        i = 4 * g + j
+        row = i // N
+        c = i - row * N
+        dx[row, c] = _gelu_bwd_cpu(ph.drop_cpu(dy[row, c], r[j], t, scale), x[row, c] + b[c])
+
+
+@njit
+def bgd_bwd_loop(dx, dy, x, b, t, scale, k0, k1, o0, o1):
+    n = x.size
+    N = x.shape[1]
+    for g in range((n + 3) // 4):
+        _group_bwd_cpu(dx, dy, x, b, g, n, N, t, scale, k0, k1, o0, o1)
+
+
+@njit(parallel=True)
+def bgd_bwd_ploop(dx, dy, x, b, t, scale, k0, k1, o0, o1):
+    n = x.size
+    N = x.shape[1]
+    for g in prange((n + 3) // 4):
+        _group_bwd_cpu(dx, dy, x, b, g, n, N, t, scale, k0, k1, o0, o1)
+
+
+@register("bias_gelu_dropout_bwd", "cpu", "loop", rung=1)
+def bgd_bwd_cpu(dx, dy, x, b, p, seed, offset):
+    """One pass over groups of four: one Philox call per group rebuilds the forward's mask, dy is dropped and
+    scaled, then multiplied by GELU's derivative at x + b (recomputed, not stored)."""
+    bgd_bwd_loop(dx, dy, x, b, *ph.dropout_args(p, seed, offset))
+
+
+@register("bias_gelu_dropout_bwd", "cpu", "prange", rung=2)
+def bgd_bwd_cpu_par(dx, dy, x, b, p, seed, offset):
+    """Rung 1 with the groups over the cores: predict a speed-up equal to the number of cores."""
+    bgd_bwd_ploop(dx, dy, x, b, *ph.dropout_args(p, seed, offset))
+
+
+@cuda.jit
+def bgd_bwd_flat_kernel(dx, dy, x, b, t, scale, k0, k1, o0, o1):
+    # dy, x (M,N), b (N,) -> dx (M,N): thread g owns flat elements 4g .. 4g+3 and one Philox call
+    g = cuda.grid(1)
+    n = x.size
+    N = x.shape[1]
+    if 4 * g < n:
+        r0, r1, r2, r3 = ph.philox10_dev(np.uint32(g), np.uint32(0), o0, o1, k0, k1)
+        for j in range(4):
+            i = 4 * g + j
+            if i < n:
+                rj = r0 if j == 0 else (r1 if j == 1 else (r2 if j == 2 else r3))
+                row = i // N
+                c = i - row * N
+                dx[row, c] = _gelu_bwd_dev(ph.drop_dev(dy[row, c], rj, t, scale), x[row, c] + b[c])
+
+
+@cuda.jit
+def bgd_bwd_v4_kernel(dx, dy, x, b, t, scale, k0, k1, o0, o1):
+    # as bgd_v4_kernel: grid (ceil(n4 / T), M), one 16-byte group of dy, x, b and dx per thread
+    n4 = x.shape[1] // 4
+    row = cuda.blockIdx.y
+    q = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if q < n4:
+        g = row * n4 + q
+        d0, d1, d2, d3 = load4(dy, g)
+        p0, p1, p2, p3 = load4(x, g)
+        b0, b1, b2, b3 = load4(b, q)
+        r0, r1, r2, r3 = ph.philox10_dev(np.uint32(g), np.uint32(0), o0, o1, k0, k1)
+        store4(dx, g, _gelu_bwd_dev(ph.drop_dev(d0, r0, t, scale), p0 + b0),
+               _gelu_bwd_dev(ph.drop_dev(d1, r1, t, scale), p1 + b1),
+               _gelu_bwd_dev(ph.drop_dev(d2, r2, t, scale), p2 + b2),
+               _gelu_bwd_dev(ph.drop_dev(d3, r3, t, scale), p3 + b3))
+
+
+SIG_BWD = f"void({M2}, {M2}, {M2}, {V}, {ph.SCALARS})"
+
+
+@register("bias_gelu_dropout_bwd", "gpu", "fused", rung=1, ptx=[(bgd_bwd_flat_kernel, SIG_BWD)])
+def bgd_bwd_gpu_fused(dx, dy, x, b, p, seed, offset):
+    """One kernel, one thread per four flat elements: the mask from one Philox call, x + b recomputed, GELU's
+    derivative applied; 12 bytes per element, no mask and no saved x + b read. 4-byte accesses and a division
+    per element: predict ~70 % of copy."""
+    _check_n(x)
+    groups = (x.size + 3) // 4
+    bgd_bwd_flat_kernel[max(1, ceil_div(groups, _threads())), _threads()](dx, dy, x, b,
+                                                                          *ph.dropout_args(p, seed, offset))
+
+
+@register("bias_gelu_dropout_bwd", "gpu", "fused_v4", rung=2, ptx=[(bgd_bwd_v4_kernel, SIG_BWD)])
+def bgd_bwd_gpu_fused_v4(dx, dy, x, b, p, seed, offset):
+    """Rung 1 with 16-byte loads of dy, x and b and a 16-byte store of dx (N % 4 == 0, else rung 1). ~40
+    instructions per element (Philox, exp, the derivative) against 12 bytes: predict >= 85 % of copy, and ahead of
+    torch's backward, which reads a stored mask and a stored x + b in two kernels."""
+    _check_n(x)
+    M, N = x.shape
+    if N % 4 or not ph._aligned16(dx, dy, x, b):
+        return bgd_bwd_gpu_fused(dx, dy, x, b, p, seed, offset)
+    T = _threads()
+    bgd_bwd_v4_kernel[(max(1, ceil_div(N // 4, T)), M), T](dx, dy, x, b, *ph.dropout_args(p, seed, offset))
+
+
+_SAVED: dict = {}
+
+
+def _torch_bwd_bytes(s, itemsize):
+    """dropout's backward reads dy and the 1-byte mask and writes a float; GELU's backward reads it and the saved
+    x + b and writes dx: 5 floats and a byte per element."""
+    M, N = s
+    return 5 * M * N * itemsize + M * N
+
+
+@register("bias_gelu_dropout_bwd", "gpu", "torch", baseline=True, requires=torch_gpu, tol=ph.STREAM_DIFFERS,
+          bytes=_torch_bwd_bytes, edge_exempt=ph.STREAM_EXEMPT)
+def bgd_bwd_torch(dx, dy, x, b, p, seed, offset):
+    """torch eager as autograd runs it, from what the forward saved (x + b and dropout's 1-byte mask, made once
+    here and not timed): native_dropout_backward, then gelu_backward into dx. Speed only: torch's mask."""
+    import torch
+
+    from .reductions import torch_view
+
+    key = (id(x), id(b), p)
+    if key not in _SAVED:
+        _SAVED.clear()
+        t = torch_view(x) + torch_view(b)
+        _SAVED[key] = (t, torch.native_dropout(t, p, True)[1])
+    t, mask = _SAVED[key]
+    scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+    g = torch.ops.aten.native_dropout_backward(torch_view(dy), mask, scale)
+    try:  # the out= overload writes dx directly
+        torch.ops.aten.gelu_backward.grad_input(g, t, approximate="tanh", grad_input=torch_view(dx))
+    except (RuntimeError, TypeError, AttributeError):
+        torch_view(dx).copy_(torch.ops.aten.gelu_backward(g, t, approximate="tanh"))
