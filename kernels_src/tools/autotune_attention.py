@@ -1,7 +1,8 @@
 """Autotuning the flash-attention forward's tile (chapter 9, rungs 6-7): ``kernels autotune --attention``.
 
 For each (rung, head size D, causal or not) it builds every tile of the shortlist below (or, with ``--all-tiles``,
-every tile ``flash2_tiles`` lists), runs it at the chapter's shape (B 4, H 16, S = T 2048), checks it against the
+every tile ``flash2_tiles`` lists; by default only rung 7, the rung the dispatcher runs, and ``--all-tiles`` adds
+rung 6), runs it at the chapter's shape (B 4, H 16, S = T 2048), checks it against the
 float64 reference on the first and last (b, h) and times it (device time, the median of 5 batches, as
 ``kernels autotune`` times products). The winner of each key goes into the device's table under ``"tiles"``
 (kernels_src.runtime.tiles), beside the dispatcher's entries, which are kept as they are; the rungs read it at
@@ -25,8 +26,7 @@ HEADS = (64, 128)
 # The tiles timed by default: the rung's default, the committed sweep's winners and their neighbours
 # (book/data/bench/h100/attention_flash2_sweep_gpu.json). D = 128 has few tiles that fit 48 KiB: all of them.
 SHORTLIST = {
-    (64, True): ["64x64x8x4/0", "64x64x8x8/3", "64x64x8x8/0", "64x64x8x4/3", "64x32x4x4/0", "64x32x8x4/3",
-                 "32x64x4x4/0", "64x64x4x4/0"],
+    (64, True): ["64x64x8x4/0", "64x64x8x8/3", "64x64x8x8/0", "64x64x8x4/3", "64x32x4x4/0"],
     (64, False): ["64x32x4x4/0", "64x32x8x4/3", "64x32x4x8/0", "32x64x8x8/3", "32x32x4x4/0"],
 }
 
@@ -65,7 +65,10 @@ def candidates(d, shuffle, all_tiles=False):
     return [t for t in short if t in every]
 
 
-def tune(heads=HEADS, rungs=("flash_shfl", "flash_vec"), all_tiles=False, progress=True, shape=SHAPE) -> list[dict]:
+RUNGS = ("flash_shfl",)  # rung 7, the one the dispatcher runs; --all-tiles tunes rung 6 too
+
+
+def tune(heads=HEADS, rungs=RUNGS, all_tiles=False, progress=True, shape=SHAPE) -> list[dict]:
     from ..ops import attention as A
     from ..ops import attention_flash2 as f
 
@@ -134,7 +137,8 @@ def autotune_attention(out=None, base=None, all_tiles=False, heads=HEADS, progre
         "schema": D.SCHEMA, "device": desc.get("name"), "date": datetime.date.today().isoformat(),
         "command": "kernels autotune --attention", "thresholds": {}, "entries": []}
     t0 = time.perf_counter()
-    new = tune(heads=heads, all_tiles=all_tiles, progress=progress)
+    new = tune(heads=heads, rungs=("flash_shfl", "flash_vec") if all_tiles else RUNGS, all_tiles=all_tiles,
+               progress=progress)
     table["tiles"] = [e for e in table.get("tiles") or [] if e.get("kind") != "attention"] + new
     table["tiles_meta"] = {"command": "kernels autotune --attention" + (" --all-tiles" if all_tiles else ""),
                            "date": datetime.date.today().isoformat(), "device": desc.get("name"),
