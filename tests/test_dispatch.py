@@ -59,6 +59,17 @@ def test_quantized_gemv_decisions(dev, fmt, N, K, variant, rule):
     assert D.Dispatcher(dev, table=t, check=False).decide(f"qgemv_{fmt}", {"N": N, "K": K}).rule == "fixed"
 
 
+@pytest.mark.parametrize("dev,N,K,variant,rule", [
+    ("gpu", 3072, 768, "qgemv_gelu_q4_0/gpu/packed_prmt", "small"),   # the large model's up projection: one launch
+    ("sim", 128, 32, "qgemv_gelu_q4_0/gpu/packed_prmt", "small"),
+    ("gpu", 14336, 4096, "qgemv_gelu_q4_0/gpu/unfused", "fixed"),     # above the threshold: rung 6, then the GELU
+    ("cpu", 3072, 768, "qgemv_gelu_q4_0/cpu/fused_prange", "fixed"),
+])
+def test_fused_up_projection_decisions(dev, N, K, variant, rule):
+    d = D.Dispatcher(dev, table={}, check=False).decide("qgemv_gelu_q4_0", {"N": N, "K": K})
+    assert (d.variant, d.rule) == (variant, rule), d
+
+
 def test_decisions_follow_the_table():
     table = {"thresholds": {"gemv_max_m": 4, "splitk_min_k": 100000},
              "entries": [{"role": "gemm", "shape": [4096, 512, 2048], "best": "gemm/gpu/splitk",

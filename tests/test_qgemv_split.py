@@ -99,3 +99,31 @@ def test_byte_perm_emulation_follows_ptx():
 @pytest.mark.parametrize("K,N", [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 96), (8192, 37)])
 def test_decode_shapes_on_the_gpu(fmt, K, N, prmt):
     _run(fmt, K, N, None, None, K + N, prmt)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+def test_quantized_decode_in_the_simulator_matches_the_dequantized_forward(fmt, sim_greenlets):
+    """The GPU backend in the simulator: a quantized decode step runs rung 9 for every product and the fused
+    up projection + GELU (qgemv_gelu), and its logits equal the fp32 forward on the dequantized weights (CPU)."""
+    from kernels_src import device
+    from kernels_src.model.gpt import GPT, backend
+    from kernels_src.model.reference import Config, init_params
+
+    if not device.GPU_VARIANTS_RUN:
+        pytest.skip(device.REASON)
+    cfg = Config(vocab=11, ctx=8, width=32, heads=2, layers=1)
+    p = init_params(cfg, 2)
+    model = GPT(cfg, p, backend("gpu"))
+    model.be.log = []
+    qw, deq = model.quantize(fmt)
+    toks = [5, 1, 9]
+    kv = model.new_cache()
+    for pos, t in enumerate(toks):
+        dec = model.decode_step([t], pos, kv, qw)[0]
+    used = {d.variant for d in model.be.log if d.role.startswith("qgemv")}
+    assert used == {f"qgemv_{fmt}/gpu/packed_prmt", f"qgemv_gelu_{fmt}/gpu/packed_prmt"}, used
+    p2 = dict(p)
+    p2.update(deq)
+    fwd = GPT(cfg, p2, "cpu").forward(np.array([toks]))[0][-1]
+    assert np.isfinite(dec).all()
+    assert np.abs(dec - fwd).max() <= 1e-4 * np.abs(fwd).max() + 1e-5

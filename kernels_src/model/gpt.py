@@ -437,6 +437,9 @@ class GPT:
                 if qweights is not None:
                     raise NotImplementedError("quantized decoding is not built for the MoE model (chapter 18)")
                 be("moe", mlp, h, *self._moe_weights(i, p), cfg.topk, 1)
+            elif qweights is not None:  # the up projection and its GELU in one launch (chapter 14)
+                be(f"qgemv_gelu_{qweights[0]}", gl.reshape(-1), h.reshape(-1), qweights[1][f"h{i}.wfc"])
+                matmul(mlp, gl, f"h{i}.wproj")
             else:
                 matmul(u, h, f"h{i}.wfc")
                 be("gelu", gl.reshape(-1), u.reshape(-1))

@@ -39,9 +39,10 @@ import numpy as np
 from ..compiler import byte_perm, cuda, dp4a, float32, int32, int_as_float, load4
 from .. import device
 from ..device import ceil_div
-from ..registry import register
-from .quant import (FORMATS, MAGIC, QK, _scales, block_reduce_store, per_array, q8act_tol, quantize_x8,
-                    x_scratch)
+from ..registry import define_op, get_variant, register
+from . import activations
+from .quant import (FORMATS, GSIZES, MAGIC, QK, _scales, block_reduce_store, packed_bytes, per_array, q8act_tol,
+                    qgemv_inputs, qgemv_ref, qgemv_tol, quantize_x8, x_scratch)
 
 OFFSET4 = np.int32(-0x7F7F7F80)  # 0x80808080 as an int32: XOR flips the sign bit of each byte
 ROWS = 8  # rung 5: outputs per thread block
@@ -311,6 +312,7 @@ def quantize_x_blocks_kernel(xq, xd, xs, x):
 # ------------------------------------------------------------------ rung 8: small products (a decode step's)
 SPLIT_WARPS = 8  # rung 8: warps per block
 SPLIT_MAX = 8  # rung 8: at most this many warps share one row (longer rows loop)
+SPLIT_MAX_WEIGHTS = 1 << 22  # the dispatcher's default qgemv_split_max_weights: rungs 8-9 up to here, rung 6 above
 
 
 def split_shape(fmt, K):
@@ -322,8 +324,11 @@ def split_shape(fmt, K):
     return max(1, SPLIT_WARPS // S), S
 
 
+_gelu_dev = cuda.jit(device=True, inline=True)(activations.gelu_s)  # x Phi(x), float32, erfc (the model's GELU)
+
+
 @functools.cache
-def make_split_kernel(fmt, R, S, prmt=False):
+def make_split_kernel(fmt, R, S, prmt=False, act=False):
     """Rung 8: a block of R*S warps computes R outputs; S warps share a row, lane l of warp s takes the row's
     chunks s*32 + l, s*32 + l + 32*S, ... (consecutive lanes, consecutive 16 bytes). One partial sum per lane,
     a tree over each warp's lanes in shared memory, then the S warps' sums added by one thread."""
@@ -365,15 +370,17 @@ def make_split_kernel(fmt, R, S, prmt=False):
             t = part[w, 0]
             for j in range(1, S):
                 t += part[w + j, 0]
+            if act:  # the MLP's GELU on the finished sum: one launch and one round trip of y fewer
+                t = _gelu_dev(t)
             y[n] = t
 
     return kernel
 
 
-def launch_split(y, x, qs, d, fmt, R=None, S=None, prmt=False):
+def launch_split(y, x, qs, d, fmt, R=None, S=None, prmt=False, act=False):
     R0, S0 = split_shape(fmt, x.size)
     R, S = R or R0, S or S0
-    make_split_kernel(fmt, R, S, prmt)[max(1, ceil_div(y.size, R)), (32, R * S)](y, x, qs, d)
+    make_split_kernel(fmt, R, S, prmt, act)[max(1, ceil_div(y.size, R)), (32, R * S)](y, x, qs, d)
 
 
 SIG = "void(float32[::1], float32[::1], int32[:, ::1], float16[:, ::1])"
@@ -472,6 +479,62 @@ def _register(fmt):
 
 for _f in FORMATS:
     _register(_f)
+
+
+# ------------------------------------------------------------------ the MLP's up projection with its GELU
+def qgemv_gelu_ref(fmt):
+    def reference(x, Wq):
+        """float64 oracle: gelu(x . dequant(Wq)^T), the exact GELU x Phi(x)."""
+        return activations.gelu_ref(qgemv_ref(fmt)(x, Wq))
+
+    reference.__name__ = f"qgemv_gelu_{fmt}_reference"
+    return reference
+
+
+def qgemv_gelu_tol(size, dtype):
+    """The GEMV's tolerance (GELU's slope is between -0.13 and 1.13, so it carries the product's error over
+    about unchanged), plus float32 erfc's few ulps on an output of size ~sqrt(K) |W|."""
+    rtol, atol = qgemv_tol(size, dtype)
+    return rtol + 1e-6, atol
+
+
+def _register_gelu(fmt):
+    op = f"qgemv_gelu_{fmt}"
+    define_op(op, reference=qgemv_gelu_ref(fmt), make_inputs=qgemv_inputs(fmt), chapter=14,
+              title=f"dequantizing GEMV with the MLP's GELU: y = gelu(x W), W in {fmt.upper()}", size_names=("K", "N"),
+              kind="memory", output_names=("y",), tol=qgemv_gelu_tol, flops=lambda s: 2 * s[0] * s[1] + 20 * s[1],
+              bytes=packed_bytes(fmt), sizes={**GSIZES, "bench_gpu": [(768, 3072), (1024, 4096), (4096, 14336)]})
+
+    def cpu(y, x, Wq):
+        get_variant(f"qgemv_{fmt}/cpu/fused_prange").fn(y, x, Wq)
+        get_variant("gelu/cpu/simd").fn(y, y)
+
+    cpu.__doc__ = "The CPU product (chapter 11, rung 3) and then the GELU (chapter 6) in place: the CPU path."
+    register(op, "cpu", "fused_prange", rung=1)(cpu)
+
+    def unfused(y, x, Wq):
+        rung = "packed_prmt" if x.size * y.size <= SPLIT_MAX_WEIGHTS else "packed_warp"
+        get_variant(f"qgemv_{fmt}/gpu/{rung}").fn(y, x, Wq)
+        get_variant("gelu/gpu/thread").fn(y, y)
+
+    unfused.__doc__ = """Two launches, as the model ran them: chapter 11's rung 9 (rung 6 above SPLIT_MAX_WEIGHTS, as the
+        dispatcher's default), then chapter 6's GELU in place (the yardstick of the fused rung)."""
+    register(op, "gpu", "unfused", baseline=True)(unfused)
+
+    def fused(y, x, Wq):
+        qs, d = repack_gpu(Wq, fmt)
+        launch_split(y, x, qs, d, fmt, prmt=True, act=True)
+
+    fused.__doc__ = """Rung 9 with the GELU applied by the thread that stores each output: one launch instead of two.
+        The decode step runs it 12 times (the large model's 768 x 3072 up projections). Predicted: the
+        GELU launch's ~1.6 us (measured in a graph, chapter 14's profile) disappears and the product takes no
+        measurable longer (one erfc per output, 3072 of them): ~19 us off the Q4_0 and Q8_0 steps."""
+    register(op, "gpu", "packed_prmt", rung=1,
+             ptx=[(make_split_kernel(fmt, *split_shape(fmt, 768), True, True), SIG)])(fused)
+
+
+for _f in FORMATS:
+    _register_gelu(_f)
 
 
 # Candidate shapes (outputs per warp, warps per block, chunks per trip) for rungs 6-7, timed by :func:`sweep`.

@@ -246,6 +246,16 @@ POLICIES: dict[str, list[Rule]] = {
                              why="weights repacked once for 16-byte loads, a warp per output row, several loads in "
                              "flight per lane; x stays fp32 (ch 11, rung 6)",
                              when=lambda s, t: s["K"] % 32 == 0, limit="K a multiple of 32")] for f in ("q8_0", "q4_0")},
+    **{f"qgemv_gelu_{f}": [Rule("small", {"cpu": "", "gpu": f"qgemv_gelu_{f}/gpu/packed_prmt",
+                                          "sim": f"qgemv_gelu_{f}/gpu/packed_prmt"},
+                                "the MLP's up projection and its GELU in one launch: rung 9 of chapter 11, the GELU "
+                                "applied by the thread that stores each output (ch 14)",
+                                lambda s, t: s["K"] % 32 == 0 and s["K"] * s["N"] <= t["qgemv_split_max_weights"],
+                                "K a multiple of 32 and K*N <= qgemv_split_max_weights"),
+                           _fixed(f"qgemv_gelu_{f}/cpu/fused_prange", f"qgemv_gelu_{f}/gpu/unfused",
+                                  why="the product, then the GELU in place (two launches on a GPU)",
+                                  when=lambda s, t: s["K"] % 32 == 0, limit="K a multiple of 32")]
+       for f in ("q8_0", "q4_0")},
     **{f"{f}_{d}": [_fixed(f"{f}_{d}/cpu/njit", f"{f}_{d}/gpu/{'warp_per_block' if d == 'quantize' else 'thread_per_elem'}",
                            why="(ch 11)")]
        for f in ("q8_0", "q4_0") for d in ("quantize", "dequantize")},
