@@ -151,3 +151,18 @@ def test_the_kernel_launches_the_tables_tile(tmp_path, monkeypatch, sim_greenlet
     with pytest.raises(TileTableError, match="cannot build"):
         parity.run_variant(v, inputs, [np.full(o_ref.shape, np.nan, np.float32),
                                        np.full(l_ref.shape, np.nan, np.float32)])
+
+
+def test_the_committed_tables_name_only_tiles_that_exist():
+    """Every attention tile entry of a committed device table is one the rung can build (what the rung would
+    raise at its first launch on that GPU is caught here, on any machine)."""
+    from kernels_src.runtime import dispatch as D
+
+    for path in sorted(D.TABLES.glob("*.json")):
+        for e in json.loads(path.read_text()).get("tiles") or []:
+            if e.get("kind") != "attention":
+                continue
+            shuffle = e["variant"].endswith("flash_shfl")
+            assert e["variant"] in ("attention/gpu/flash_shfl", "attention/gpu/flash_vec"), (path, e["variant"])
+            tile, source = f.flash2_tile(e["D"], e["causal"], shuffle, table=path)
+            assert source.startswith("table") and tile == e["best"] | {"minblocks": e["best"].get("minblocks", 0)}
