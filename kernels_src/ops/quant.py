@@ -453,83 +453,82 @@ def q4_0_dequantize_cpu(out, Xq):
     _q4_0_dequant_rows(out, Xq, _scales(Xq, 18).astype(np.float32))
 
 
-# ------------------------------------------------ CPU rung 2 (issue 36): the same blocks over the cores
-@njit(cache=True, parallel=True, error_model="numpy")
+# ------------------------------------------------ CPU rung 2 (issue 36): the same loops, rows over the cores
+# Rung 1's code with the row loop made a prange: each core takes whole rows (K/32 blocks each), long contiguous
+# runs of reads and writes. (A first version spread single 32-value blocks over the cores with vectorized
+# 32-iteration loops; on one core it ran ~1.8x slower than rung 1: the alias checks and loop set-up per 32
+# values cost more than the SIMD saved.)
+@njit(cache=True, parallel=True)
 def _q8_0_quantize_prange(out, X, dh):
     M, K = X.shape
-    nb = K // QK
-    for mb in prange(M * nb):  # one 32-value block per iteration: blocks are independent
-        m = mb // nb
-        b = mb % nb
-        amax = np.float32(0.0)
-        for j in range(QK):
-            amax = max(amax, abs(X[m, b * QK + j]))
-        d = amax / np.float32(127.0)
-        idv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-        dh[m, b] = d
-        o = b * 34
-        for j in range(QK):
-            v = np.float64(X[m, b * QK + j] * idv)  # the product rounded to float32 first, as in C
-            r = math.floor(abs(v) + 0.5)  # roundf: ties away from zero (exact in float64)
-            q = np.int32(r)
-            out[m, o + 2 + j] = (q if v >= 0 else -q) & 0xFF
+    for m in prange(M):
+        for b in range(K // QK):
+            amax = np.float32(0.0)
+            for j in range(QK):
+                amax = max(amax, abs(X[m, b * QK + j]))
+            d = amax / np.float32(127.0)
+            idv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            dh[m, b] = d
+            o = b * 34
+            for j in range(QK):
+                v = np.float64(X[m, b * QK + j] * idv)  # the product is rounded to float32 first, as in C
+                r = math.floor(abs(v) + 0.5)  # roundf: ties away from zero
+                q = int(r) if v >= 0 else -int(r)
+                out[m, o + 2 + j] = q & 0xFF
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, parallel=True)
 def _q4_0_quantize_prange(out, X, dh):
     M, K = X.shape
-    nb = K // QK
-    for mb in prange(M * nb):
-        m = mb // nb
-        b = mb % nb
-        amax = np.float32(0.0)
-        mx = np.float32(0.0)
-        for j in range(QK):
-            v = X[m, b * QK + j]
-            if amax < abs(v):  # strict: the first of equal magnitudes wins, as in GGML
-                amax = abs(v)
-                mx = v
-        d = mx / np.float32(-8.0)
-        idv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-        dh[m, b] = d
-        o = b * 18
-        for j in range(16):
-            v0 = np.float32(np.float64(X[m, b * QK + j] * idv) + 8.5)
-            v1 = np.float32(np.float64(X[m, b * QK + 16 + j] * idv) + 8.5)
-            q0 = min(np.int32(15), np.int32(v0))  # truncation toward zero, like (int8_t)
-            q1 = min(np.int32(15), np.int32(v1))
-            out[m, o + 2 + j] = q0 | (q1 << 4)
+    for m in prange(M):
+        for b in range(K // QK):
+            amax = np.float32(0.0)
+            mx = np.float32(0.0)
+            for j in range(QK):
+                v = X[m, b * QK + j]
+                if amax < abs(v):  # strict: the first of equal magnitudes wins, as in GGML
+                    amax = abs(v)
+                    mx = v
+            d = mx / np.float32(-8.0)
+            idv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            dh[m, b] = d
+            o = b * 18
+            for j in range(16):
+                v0 = np.float32(np.float64(X[m, b * QK + j] * idv) + 8.5)  # float32 multiply, float32 add
+                v1 = np.float32(np.float64(X[m, b * QK + 16 + j] * idv) + 8.5)
+                q0 = min(15, int(v0))  # int() truncates toward zero, like (int8_t)
+                q1 = min(15, int(v1))
+                out[m, o + 2 + j] = q0 | (q1 << 4)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, parallel=True)
 def _q8_0_dequant_prange(out, qs, dh):
     M, nb = dh.shape
-    for mb in prange(M * nb):
-        m = mb // nb
-        b = mb % nb
-        d = dh[m, b]
-        for j in range(QK):
-            out[m, b * QK + j] = np.float32(qs[m, b * 34 + 2 + j]) * d
+    for m in prange(M):
+        for b in range(nb):
+            d = np.float32(dh[m, b])
+            for j in range(QK):
+                out[m, b * QK + j] = np.float32(qs[m, b * 34 + 2 + j]) * d
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
+@njit(cache=True, parallel=True)
 def _q4_0_dequant_prange(out, Xq, dh):
-    # flat views: out (M*K,), Xq (M*nb*18,), dh (M*nb,); block mb's values are out[32 mb : 32 mb + 32]
-    for mb in prange(dh.size):
-        d = dh[mb]
-        o = mb * 18 + 2
-        base = mb * QK
-        for j in range(16):  # low nibbles, then high nibbles: two unit-stride loops LLVM can vectorize
-            out[base + j] = np.float32((np.int32(Xq[o + j]) & 0x0F) - 8) * d
-        for j in range(16):
-            out[base + 16 + j] = np.float32((np.int32(Xq[o + j]) >> 4) - 8) * d
+    M, nb = dh.shape
+    for m in prange(M):
+        for b in range(nb):
+            d = np.float32(dh[m, b])
+            o = b * 18 + 2
+            for j in range(16):
+                byte = Xq[m, o + j]
+                out[m, b * QK + j] = np.float32((byte & 0x0F) - 8) * d
+                out[m, b * QK + j + 16] = np.float32((byte >> 4) - 8) * d
 
 
 @register("q8_0_quantize", "cpu", "prange", rung=2, dtypes=("float32",))
 def q8_0_quantize_prange(out, X):
-    """Rung 1's blocks spread over the cores (prange over the M*K/32 blocks, each independent), int32 instead
-    of Python ints for the codes. Reads 4 B and writes 1.06 B per value: predict >= 70 % of copy (rung 1 ~3 %;
-    the scalar float64 roundf per value stays, it is what keeps the result bit-exact)."""
+    """Rung 1's loop with its rows over the cores (prange; blocks are independent, so the bytes are the same).
+    Reads 4 B and writes 1.06 B per value; rung 1 ran at ~3 % of copy, bound by its scalar float64 roundf per
+    value (what keeps it bit-exact), so predict ~2x rung 1 on 2 cores, still compute-bound."""
     dq = np.empty((X.shape[0], X.shape[1] // QK), np.float32)
     _q8_0_quantize_prange(out, X, dq)
     _write_scales(out, dq.astype(np.float16), 34)
@@ -537,7 +536,7 @@ def q8_0_quantize_prange(out, X):
 
 @register("q4_0_quantize", "cpu", "prange", rung=2)
 def q4_0_quantize_prange(out, X):
-    """Rung 1's blocks spread over the cores (prange over blocks), int32 codes. Predict >= 70 % of copy."""
+    """Rung 1's loop with its rows over the cores. Compute-bound like Q8_0's: predict ~2x rung 1 on 2 cores."""
     dq = np.empty((X.shape[0], X.shape[1] // QK), np.float32)
     _q4_0_quantize_prange(out, X, dq)
     _write_scales(out, dq.astype(np.float16), 18)
@@ -545,15 +544,15 @@ def q4_0_quantize_prange(out, X):
 
 @register("q8_0_dequantize", "cpu", "prange", rung=2)
 def q8_0_dequantize_prange(out, Xq):
-    """Blocks over the cores; each block is 32 int8 -> float32 conversions and multiplies by one scale, which
-    LLVM turns into packed instructions (see kernels asm). Predict >= 70 % of copy (rung 1 ~10-14 %)."""
+    """Rung 1's loop with its rows over the cores: 32 int8 -> float32 conversions and multiplies per scale.
+    Rung 1 ran at ~10-14 % of copy on one core; predict ~2x that on 2 cores."""
     _q8_0_dequant_prange(out, Xq.view(np.int8), _scales(Xq, 34).astype(np.float32))
 
 
 @register("q4_0_dequantize", "cpu", "prange", rung=2)
 def q4_0_dequantize_prange(out, Xq):
-    """Blocks over the cores, nibbles unpacked with int32 shifts and masks. Predict >= 70 % of copy."""
-    _q4_0_dequant_prange(out.reshape(-1), Xq.reshape(-1), _scales(Xq, 18).astype(np.float32).reshape(-1))
+    """Rung 1's loop with its rows over the cores: predict ~2x rung 1 on 2 cores."""
+    _q4_0_dequant_prange(out, Xq, _scales(Xq, 18).astype(np.float32))
 
 
 # ---------------------------------------------------------------------------- CPU GEMV
