@@ -256,8 +256,11 @@ def cmd_book(args) -> int:
 def cmd_test(args) -> int:
     cmd_book(args)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    # --durations: the 25 slowest tests are listed at the end, so a slow new test shows up in every run
-    return subprocess.run([str(venv_python()), "-m", "pytest", "-n", "auto", "--durations=25", *args.pytest_args],
+    # --durations: the 25 slowest tests are listed at the end, so a slow new test shows up in every run.
+    # --dist worksteal: a worker that runs out of tests takes half of the other's queue, so that the two end together
+    # (tests/conftest.py starts the longest tests first).
+    return subprocess.run([str(venv_python()), "-m", "pytest", "-n", "auto", "--dist", "worksteal", "--durations=25",
+                           *args.pytest_args],
                           cwd=ROOT, env=env).returncode
 
 

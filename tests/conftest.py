@@ -54,6 +54,19 @@ def pytest_collection_modifyitems(config, items):
             if "ptx" in item.keywords:
                 item.add_marker(skip)
 
+    # The longest tests first (the PTX compiles of the whole registry, the browser tests, those marked slow), the
+    # rest in file order: with pytest-xdist's work stealing (make.py runs `-n auto --dist worksteal`), the workers'
+    # last tests are then short ones, so that they end together instead of one waiting on the other's long test.
+    # The order changes nothing else: no test depends on another having run.
+    items.sort(key=_start_order)
+
+
+def _start_order(item) -> int:
+    for rank, mark in enumerate(("ptx", "browser", "slow")):
+        if item.get_closest_marker(mark) is not None:
+            return rank
+    return 3
+
 
 @pytest.fixture
 def run_python():
