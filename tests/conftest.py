@@ -105,6 +105,28 @@ def sim_greenlets():
         yield
 
 
+@pytest.fixture
+def sim_race_checked():
+    """In the simulator, the test's launches run through the race detector with blocks' threads as greenlets
+    (:func:`kernels_src.grading.racecheck.instrumented`, engine "greenlets"): as fast as ``sim_greenlets``, and the
+    test also fails on a shared-memory race or a barrier some threads skip (the detector's verdict does not depend
+    on the schedule). For tests of kernels at sizes beyond the registry's race test (several tiles, odd K tiles).
+    No effect on a real GPU or without greenlet."""
+    import importlib.util
+
+    import kernels_src
+
+    if not kernels_src.device.SIMULATED or importlib.util.find_spec("greenlet") is None:
+        yield
+        return
+    from kernels_src.grading.racecheck import instrumented
+
+    with instrumented(engine="greenlets") as session:
+        yield
+    races = session.report()
+    assert races.ok, str(races)
+
+
 @pytest.fixture(scope="session")
 def browser():
     """A headless Chromium (Playwright); skips the test without one, fails under REQUIRE_BROWSER=1.

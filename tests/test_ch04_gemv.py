@@ -20,7 +20,7 @@ from kernels_src.registry import Variant, get_op
     ("gemv/cpu/prange", (7, 2100)),        # K = 7 rows shared by the threads, private copies of y
     ("gemv_wx/cpu/prange", (9, 130)),      # 3 row blocks of 64
 ])
-def test_rungs_across_blocks(key, size):
+def test_rungs_across_blocks(key, size, sim_race_checked):  # and race-free at these sizes
     v = kernels_src.get_variant(key)
     rep = parity.check_variant(v, get_op(v.op), size, seed=3)
     if rep.skipped:

@@ -39,7 +39,7 @@ def _check(key, size):
     ("gemm/gpu/warptile", (128, 132, 20)),      # a full block (16-byte path) + an edge block; a partial K tile
     ("gemm/gpu/warptile", (136, 128, 36)),      # edge rows below a full block; 3 K tiles (odd: dbuf's last)
 ])
-def test_gpu_rungs_span_several_tiles(key, size):
+def test_gpu_rungs_span_several_tiles(key, size, sim_race_checked):  # and race-free at these sizes
     _check(key, size)
 
 

@@ -20,7 +20,7 @@ OP = get_op("gemm_bias_gelu")
     ("gemm_bias_gelu/gpu/unfused", (33, 20, 8)),
     ("gemm_bias_gelu/cpu/numpy", (65, 31, 17)),
 ])
-def test_epilogue_variants(key, size, edge):
+def test_epilogue_variants(key, size, edge, sim_race_checked):  # and race-free at these sizes
     rep = parity.check_variant(kernels_src.get_variant(key), OP, size, seed=3, edge=edge)
     if rep.skipped:
         pytest.skip(rep.skipped)
