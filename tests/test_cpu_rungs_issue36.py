@@ -75,3 +75,20 @@ def test_new_rungs_compile_without_libm_calls():
     new = variant_asm("gelu_bwd", "simd_as")["total"]
     assert not new["calls"], new["calls"]
     assert new["packed_fp_total"] < old["packed_fp_total"], (old, new)
+
+
+def test_chapter_table_reads_the_board_and_names_missing_ops(tmp_path, monkeypatch):
+    import json
+
+    from kernels_src.figures import cpu as cpufig
+
+    board = {"meta": {}, "peaks": {"copy_gbps": 10.0},
+             "rows": [{"op": "adam", "kind": "memory", "size_label": "8", "best": "prange", "best_s": 1e-3,
+                       "frac_copy": 0.8, "vs_numpy": None, "vs_torch": None}]}
+    (tmp_path / "cpuboard.json").write_text(json.dumps(board))
+    monkeypatch.setattr(cpufig, "CPU_BENCH_DATA", tmp_path)
+    text = cpufig.ops_table(["adam", "no_such_op"])
+    assert "| 12 | adam | 8 | prange |" in text and "80 %" in text
+    assert "Not on the committed board yet: no_such_op" in text
+    (tmp_path / "cpuboard.json").unlink()
+    assert "not been measured" in cpufig.ops_table(["adam"])
