@@ -1,5 +1,6 @@
-"""Chapter 11's rungs 8 and 9 (qgemv_packed.packed_split, packed_prmt): the quantized GEMV shaped for a decode
-step's small products, and the same with one prmt (byte_perm) per weight.
+"""Chapter 11's rungs 8-10 (qgemv_packed.packed_split, packed_prmt, packed_words): the quantized GEMV shaped for a
+decode step's small products, the same with one prmt (byte_perm) per weight, and with one word of quants a lane
+(x read coalesced); the fused up projection + GELU (qgemv_gelu_*) in a quantized decode step.
 
 The shape rule (rows per block, warps per row) is checked on the capstone's products; the kernels run in the
 CUDA simulator against the float64 reference with every split they can take (one warp per row, several warps
@@ -103,7 +104,7 @@ def test_decode_shapes_on_the_gpu(fmt, K, N, prmt):
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
 def test_quantized_decode_in_the_simulator_matches_the_dequantized_forward(fmt, sim_greenlets):
-    """The GPU backend in the simulator: a quantized decode step runs rung 9 for every product and the fused
+    """The GPU backend in the simulator: a quantized decode step runs rung 10 for every product and the fused
     up projection + GELU (qgemv_gelu), and its logits equal the fp32 forward on the dequantized weights (CPU)."""
     from kernels_src import device
     from kernels_src.model.gpt import GPT, backend
@@ -121,9 +122,75 @@ def test_quantized_decode_in_the_simulator_matches_the_dequantized_forward(fmt, 
     for pos, t in enumerate(toks):
         dec = model.decode_step([t], pos, kv, qw)[0]
     used = {d.variant for d in model.be.log if d.role.startswith("qgemv")}
-    assert used == {f"qgemv_{fmt}/gpu/packed_prmt", f"qgemv_gelu_{fmt}/gpu/packed_prmt"}, used
+    assert used == {f"qgemv_{fmt}/gpu/packed_words", f"qgemv_gelu_{fmt}/gpu/packed_words"}, used
     p2 = dict(p)
     p2.update(deq)
     fwd = GPT(cfg, p2, "cpu").forward(np.array([toks]))[0][-1]
     assert np.isfinite(dec).all()
     assert np.abs(dec - fwd).max() <= 1e-4 * np.abs(fwd).max() + 1e-5
+
+
+@pytest.mark.parametrize("fmt,K,shape", [
+    ("q4_0", 768, (8, 1, 3)),    # 96 words: one warp a row, 3 words a lane
+    ("q4_0", 3072, (2, 3, 4)),   # 384 words: three warps a row
+    ("q8_0", 768, (4, 2, 3)),    # 192 words
+    ("q8_0", 3072, (1, 6, 4)),
+    ("q4_0", 8192, (1, 8, 4)),   # 1024 words: one trip
+    ("q8_0", 8192, (1, 8, 4)),   # 2048 words: capped, each lane loops twice
+    ("q4_0", 32, (8, 1, 1)),
+])
+def test_words_shape_on_the_capstone_products(fmt, K, shape):
+    assert P.words_shape(fmt, K) == shape
+    R, S, U = shape
+    W = K // (4 if fmt == "q8_0" else 8)
+    assert R * S <= P.SPLIT_WARPS and U <= P.WORDS_U and (32 * S * U >= W or (S, U) == (P.SPLIT_MAX, P.WORDS_U))
+
+
+def _run_words(fmt, K, N, R, S, U, seed, act=False):
+    from kernels_src.ops.activations import gelu_ref
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(K).astype(np.float32)
+    Wq = QUANT[fmt](rng.standard_normal((N, K)).astype(np.float32))
+    qs, d = P.repack_host(Wq, fmt)
+    y = cuda.to_device(np.full(N, np.nan, np.float32))  # poisoned
+    P.launch_words(y, cuda.to_device(x), cuda.to_device(qs), cuda.to_device(d), fmt, R, S, U, act)
+    got = y.copy_to_host()
+    want = qgemv_ref(fmt)(x, Wq)
+    if act:
+        want = gelu_ref(want)
+    rtol, atol = qgemv_tol((K, N), np.float32)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("K,N,R,S,U", [
+    (96, 5, 1, 1, 1),    # fewer words than lanes
+    (160, 7, 3, 2, 2),   # words past the row in the unrolled trip; a last block with rows past the end
+    (64, 3, 2, 3, 4),    # splits with nothing to do
+    (32 * 40, 2, 1, 2, 2),  # several trips a lane (Q8_0: 320 words over 128 lanes' slots)
+])
+def test_words_forced_shapes_match_reference(fmt, K, N, R, S, U, sim_greenlets):
+    _run_words(fmt, K, N, R, S, U, zlib.crc32(f"w{fmt}{K}{N}{R}{S}{U}".encode()))
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+def test_words_with_gelu_match_reference(fmt, sim_greenlets):
+    _run_words(fmt, 160, 9, 2, 2, 2, 11, act=True)
+
+
+@pytest.mark.parametrize("fmt,K,N", [("q4_0", 1056, 3), ("q8_0", 544, 5)])
+def test_registered_words_rung_splits_long_rows(fmt, K, N, sim_greenlets):
+    assert P.words_shape(fmt, K)[1] == 2
+    v = get_variant(f"qgemv_{fmt}/gpu/packed_words")
+    rep = parity.check_variant(v, get_op(v.op), (K, N), "float32", seed=zlib.crc32(f"w{fmt}{K}".encode()))
+    assert rep.ok and not rep.skipped, str(rep)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", [False, True])
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("K,N", [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 96), (8192, 37)])
+def test_words_decode_shapes_on_the_gpu(fmt, K, N, act):
+    _run_words(fmt, K, N, None, None, None, K + N, act)

@@ -383,6 +383,116 @@ def launch_split(y, x, qs, d, fmt, R=None, S=None, prmt=False, act=False):
     make_split_kernel(fmt, R, S, prmt, act)[max(1, ceil_div(y.size, R)), (32, R * S)](y, x, qs, d)
 
 
+# ------------------------------------------------------------------ rung 10: a word a lane, x read coalesced
+WORDS_U = 4  # rung 10: at most this many words a lane per trip (all their loads issued before the first use)
+
+
+def words_shape(fmt, K):
+    """Rung 10's (rows per block R, warps per row S, words per lane U) for rows of K weights: a row has K/8
+    (Q4_0) or K/4 (Q8_0) 4-byte words of quants; S warps of 32 lanes with U words each cover it in one trip
+    (S = ceil(words / 128), at most SPLIT_MAX, then U = ceil(words / 32S), at most WORDS_U: longer rows loop).
+    Q4_0 at K = 768: 96 words, (8, 1, 3); at K = 3072: (2, 3, 4). Q8_0 at K = 768: 192 words, (4, 2, 3)."""
+    W = max(1, K // (4 if fmt == "q8_0" else 8))
+    S = min(SPLIT_MAX, max(1, ceil_div(W, 32 * WORDS_U)))
+    U = min(WORDS_U, max(1, ceil_div(W, 32 * S)))
+    return max(1, SPLIT_WARPS // S), S, U
+
+
+@cuda.jit(device=True, inline=True)
+def word_dot_q4(v, xl, xh):
+    """One word of Q4_0 quants (byte j: element j low nibble, element j + 16 high) against its 8 x values: the
+    4 low-nibble elements take x[4k..4k+3] (xl), the high ones x[16+4k..] (xh). One prmt a weight."""
+    lo = int32(v & 0x0F0F0F0F)
+    hi = int32((v >> 4) & 0x0F0F0F0F)
+    s = float32(0.0)
+    t = float32(0.0)
+    for j in range(4):
+        s += (int_as_float(byte_perm(lo, MAGIC_HI, SEL[j])) - float32(8388616.0)) * xl[j]
+        t += (int_as_float(byte_perm(hi, MAGIC_HI, SEL[j])) - float32(8388616.0)) * xh[j]
+    return s + t
+
+
+@cuda.jit(device=True, inline=True)
+def word_dot_q8(v, xl):
+    """One word of Q8_0 quants (4 int8, XOR 0x80 makes them q + 128) against its 4 x values."""
+    u = int32(v ^ OFFSET4)
+    s = float32(0.0)
+    t = float32(0.0)
+    for j in range(0, 4, 2):
+        s += (int_as_float(byte_perm(u, MAGIC_HI, SEL[j])) - float32(8388736.0)) * xl[j]
+        t += (int_as_float(byte_perm(u, MAGIC_HI, SEL[j + 1])) - float32(8388736.0)) * xl[j + 1]
+    return s + t
+
+
+@functools.cache
+def make_words_kernel(fmt, R, S, U, act=False):
+    """Rung 10: as rung 8 (R rows a block, S warps a row, a tree per warp, one thread adds the S sums), but the
+    unit of a lane is one 4-byte word of quants, and consecutive lanes take consecutive words: lane l of warp
+    sp takes words sp*32 + l + 32*S*u (u < U) of each trip. Every load of a trip is issued first."""
+    q8 = fmt == "q8_0"
+    NW = R * S
+    WPB = 8 if q8 else 4  # words per block of 32 weights
+    SH = 3 if q8 else 2  # log2(WPB)
+
+    @cuda.jit(fastmath=True)
+    def kernel(y, x, qs, d):
+        lane = cuda.threadIdx.x
+        w = cuda.threadIdx.y
+        r = w // S
+        sp = w - r * S
+        n = cuda.blockIdx.x * R + r
+        N = y.size
+        Wn = qs.shape[1]  # words in a row
+        nn = min(n, N - 1)  # a row past the end re-reads the last row and is never stored
+        wv = cuda.local.array(U, int32)
+        dv = cuda.local.array(U, float32)
+        xl = cuda.local.array((U, 4), float32)
+        xh = cuda.local.array((U, 4), float32)
+        part = cuda.shared.array((NW, 32), float32)
+        acc = float32(0.0)
+        for base in range(sp * 32 + lane, Wn, 32 * S * U):
+            for u in range(U):  # the trip's loads: quants, scales, x; a word past the row re-reads the last one
+                wu = min(base + 32 * S * u, Wn - 1)
+                keep = float32(1.0) if base + 32 * S * u < Wn else float32(0.0)
+                wv[u] = qs[nn, wu]
+                dv[u] = keep * float32(d[nn, wu >> SH])
+                if q8:
+                    xl[u, 0], xl[u, 1], xl[u, 2], xl[u, 3] = load4(x, wu)
+                else:
+                    b = wu >> 2
+                    k = wu & 3
+                    xl[u, 0], xl[u, 1], xl[u, 2], xl[u, 3] = load4(x, 8 * b + k)
+                    xh[u, 0], xh[u, 1], xh[u, 2], xh[u, 3] = load4(x, 8 * b + 4 + k)
+            for u in range(U):
+                if q8:
+                    acc += dv[u] * word_dot_q8(wv[u], xl[u])
+                else:
+                    acc += dv[u] * word_dot_q4(wv[u], xl[u], xh[u])
+        part[w, lane] = acc
+        cuda.syncthreads()
+        h = 16
+        while h > 0:
+            if lane < h:
+                part[w, lane] += part[w, lane + h]
+            cuda.syncthreads()
+            h //= 2
+        if lane == 0 and sp == 0 and n < N:
+            t = part[w, 0]
+            for j in range(1, S):
+                t += part[w + j, 0]
+            if act:
+                t = _gelu_dev(t)
+            y[n] = t
+
+    return kernel
+
+
+def launch_words(y, x, qs, d, fmt, R=None, S=None, U=None, act=False):
+    R0, S0, U0 = words_shape(fmt, x.size)
+    R, S, U = R or R0, S or S0, U or U0
+    make_words_kernel(fmt, R, S, U, act)[max(1, ceil_div(y.size, R)), (32, R * S)](y, x, qs, d)
+
+
 SIG = "void(float32[::1], float32[::1], int32[:, ::1], float16[:, ::1])"
 SIG8 = "void(float32[::1], int32[::1], float32[::1], int32[::1], int32[:, ::1], float16[:, ::1])"
 SIGX = "void(int8[::1], float32[::1], int32[::1], float32[::1])"
@@ -476,6 +586,23 @@ def _register(fmt):
              ptx=[(make_split_kernel(fmt, *split_shape(fmt, 768), True), SIG),
                   (make_split_kernel(fmt, *split_shape(fmt, 3072), True), SIG)])(r9)
 
+    def r10(y, x, Wq):
+        qs, d = repack_gpu(Wq, fmt)
+        launch_words(y, x, qs, d, fmt)
+
+    r10.__doc__ = f"""Rung 9 with one 4-byte word of quants a lane, consecutive lanes on consecutive words, so that x is
+        read coalesced. Rungs 8-9 measured no faster with prmt (so not instruction bound) and Q4_0 slower than
+        Q8_0 at every decode shape (4.4 against 3.5 us a GEMV in the step's graph). What differs is how x is
+        read: a lane owning a 16-byte chunk (32 Q4_0 weights) loads 128 bytes of x, and the lanes of a warp are
+        128 bytes apart, so each 16-byte load of the warp touches 24-32 different 128-byte lines: 192 L1
+        wavefronts of x per 768-weight row for Q4_0, 96 for Q8_0. At about one wavefront a clock per SM that
+        is 1.9 us of x for a 2304-row Q4_0 product (0.95 for Q8_0), the size of the gap measured. Here a row
+        costs 48 (Q4_0) or 24 (Q8_0) wavefronts of x. Predicted: Q4_0's decode GEMVs from 4.4 to ~3.0 us in
+        the graph, Q8_0's from 3.5 to ~2.9, the Q4_0 step ~70 us shorter."""
+    register(op, "gpu", "packed_words", rung=10,
+             ptx=[(make_words_kernel(fmt, *words_shape(fmt, 768)), SIG),
+                  (make_words_kernel(fmt, *words_shape(fmt, 3072)), SIG)])(r10)
+
 
 for _f in FORMATS:
     _register(_f)
@@ -513,24 +640,24 @@ def _register_gelu(fmt):
     register(op, "cpu", "fused_prange", rung=1)(cpu)
 
     def unfused(y, x, Wq):
-        rung = "packed_prmt" if x.size * y.size <= SPLIT_MAX_WEIGHTS else "packed_warp"
+        rung = "packed_words" if x.size * y.size <= SPLIT_MAX_WEIGHTS else "packed_warp"
         get_variant(f"qgemv_{fmt}/gpu/{rung}").fn(y, x, Wq)
         get_variant("gelu/gpu/thread").fn(y, y)
 
-    unfused.__doc__ = """Two launches, as the model ran them: chapter 11's rung 9 (rung 6 above SPLIT_MAX_WEIGHTS, as the
+    unfused.__doc__ = """Two launches, as the model ran them: chapter 11's rung 10 (rung 6 above SPLIT_MAX_WEIGHTS, as the
         dispatcher's default), then chapter 6's GELU in place (the yardstick of the fused rung)."""
     register(op, "gpu", "unfused", baseline=True)(unfused)
 
     def fused(y, x, Wq):
         qs, d = repack_gpu(Wq, fmt)
-        launch_split(y, x, qs, d, fmt, prmt=True, act=True)
+        launch_words(y, x, qs, d, fmt, act=True)
 
-    fused.__doc__ = """Rung 9 with the GELU applied by the thread that stores each output: one launch instead of two.
+    fused.__doc__ = """Rung 10 with the GELU applied by the thread that stores each output: one launch instead of two.
         The decode step runs it 12 times (the large model's 768 x 3072 up projections). Predicted: the
         GELU launch's ~1.6 us (measured in a graph, chapter 14's profile) disappears and the product takes no
         measurable longer (one erfc per output, 3072 of them): ~19 us off the Q4_0 and Q8_0 steps."""
-    register(op, "gpu", "packed_prmt", rung=1,
-             ptx=[(make_split_kernel(fmt, *split_shape(fmt, 768), True, True), SIG)])(fused)
+    register(op, "gpu", "packed_words", rung=1,
+             ptx=[(make_words_kernel(fmt, *words_shape(fmt, 768), True), SIG)])(fused)
 
 
 for _f in FORMATS:
