@@ -765,3 +765,53 @@ def split_sweep(out=None, sizes=DECODE_SIZES, configs=SPLIT_SWEEP, repeat=15):
     if out:
         bench.save_json(res, out)
     return res
+
+
+WORDS_SWEEP = [(8, 1, 1), (8, 1, 2), (4, 2, 2), (2, 3, 1), (2, 4, 1), (1, 8, 1)]
+
+
+def words_sweep(out=None, sizes=DECODE_SIZES, configs=WORDS_SWEEP, repeat=15):
+    """Rung 10 with its default (rows per block, warps per row, words per lane) and each shape in WORDS_SWEEP, beside
+    rungs 6 and 9, at the decode step's products (GPU, L2 flushed, CUDA events)."""
+    from .. import bench
+    from .quant import QUANT
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for K, N in sizes:
+        x = rng.standard_normal(K).astype(np.float32)
+        W = rng.standard_normal((N, K)).astype(np.float32)
+        for fmt in FORMATS:
+            Wq = QUANT[fmt](W)
+            ref = qgemv_ref(fmt)(x, Wq)
+            qs, d = repack_gpu(Wq, fmt)
+            xd = cuda.to_device(x)
+            y = cuda.device_array(N, np.float32)
+            nbytes = packed_bytes(fmt)((K, N), 4)
+            cands = ([("packed_warp", None), ("packed_prmt", split_shape(fmt, K)), ("packed_words", words_shape(fmt, K))]
+                     + [("packed_words", c) for c in configs if c != words_shape(fmt, K)])
+            for name, c in cands:
+                def launch(y, x, qs, d, name=name, c=c):
+                    if name == "packed_warp":
+                        launch_warp_rows(y, x, qs, d, fmt, False)
+                    elif name == "packed_prmt":
+                        launch_split(y, x, qs, d, fmt, *c, prmt=True)
+                    else:
+                        launch_words(y, x, qs, d, fmt, *c)
+
+                try:
+                    t = bench._median(bench.time_gpu(launch, [(y, xd, qs, d)], repeat=repeat))
+                    err = float(np.max(np.abs(y.copy_to_host() - ref)) / (np.max(np.abs(ref)) + 1e-30))
+                    rows.append({"K": K, "N": N, "fmt": fmt, "variant": name, "shape": c,
+                                 "default": name != "packed_words" or tuple(c) == words_shape(fmt, K),
+                                 "median_s": t, "gbps": nbytes / t / 1e9, "max_rel_err": err})
+                except Exception as e:  # noqa: BLE001
+                    rows.append({"K": K, "N": N, "fmt": fmt, "variant": name, "shape": c,
+                                 "error": f"{type(e).__name__}: {e}"[:300]})
+                print(rows[-1], flush=True)
+    res = {"what": "quantized GEMV at the large capstone's decode shapes: rungs 6 and 9 (default shapes) and rung 10 "
+                   "for its default and other (rows per block, warps per row, words per lane)",
+           "rows": rows, "meta": bench.environment()}
+    if out:
+        bench.save_json(res, out)
+    return res
