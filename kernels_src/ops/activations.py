@@ -698,7 +698,7 @@ for _name, (_ref, _make, _fl, _moved, _f) in BINARY.items():
 def _gelu_as(x):
     z = -x * INV_SQRT2
     az = abs(z)
-    r = erfc_as_poly(az) * exp_f32(-(az * az))  # erfc(|z|), A&S 7.1.26
+    r = erfc_as_poly(az) * exp_nonpos(-(az * az))  # erfc(|z|), A&S 7.1.26; the exp of a value <= 0
     return HALF * x * (r if z >= F0 else F2 - r)
 
 
@@ -706,10 +706,13 @@ def _gelu_as(x):
 def _gelu_bwd_as(dy, x):
     z = -x * INV_SQRT2
     az = abs(z)
-    e = exp_f32(-(az * az))  # e^(-x^2/2): the density's exp and erfc's factor, computed once
+    e = exp_nonpos(-(az * az))  # e^(-x^2/2): the density's exp and erfc's factor, computed once
     r = erfc_as_poly(az) * e
     cdf = HALF * (r if z >= F0 else F2 - r)
     return dy * (cdf + x * (e * INV_SQRT_2PI))
+
+
+from .softmax import exp_nonpos  # noqa: E402  (chapter 8's exp for arguments <= 0: one 2^n, 0 below -80)
 
 
 @njit(parallel=True, **SIMD_JIT)
@@ -728,9 +731,10 @@ def _gelu_bwd_as_loop(dx, dy, x):
 def gelu_simd_as(y, x):
     """Rung 3 with a cheaper erfc (issue 36): Abramowitz and Stegun's 7.1.26, a degree-5 polynomial in
     t = 1/(1 + p|z|) times e^(-z^2) (cpumath.erfc_as_poly, absolute error <= cpumath.ERFC_AS_MAX_ABS_ERR,
-    tested), in place of erfc_f32's degree 9 whose exp argument needs its own polynomial first. kernels asm
-    counts the packed instructions per 16 values: about a quarter fewer than rung 3; the division stays
-    (1/(1 + p|z|): no portable reciprocal estimate reaches LLVM from Numba). Predict ~1.3x rung 3."""
+    tested), in place of erfc_f32's degree 9 whose exp argument needs its own polynomial first; and since
+    -z^2 <= 0, chapter 8's exp_nonpos (one 2^n, no overflow clamp; 0 below -80, where GELU is 0 or x to far
+    below the tolerance). kernels asm: 31 packed zmm instructions against rung 3's 40; the division stays
+    (1/(1 + p|z|)). Predict ~1.5x rung 3 where arithmetic is the bound (2 vCPUs share one core's SIMD units)."""
     _gelu_as_loop(y, x)
 
 
@@ -738,8 +742,9 @@ def gelu_simd_as(y, x):
 def gelu_bwd_simd_as(dx, dy, x):
     """Rung 3 with one exp per element instead of two (issue 36): the backward needs Phi(x) and
     phi(x) = e^(-x^2/2)/sqrt(2 pi), and A&S 7.1.26 writes erfc(|z|) = t P(t) e^(-z^2) with z = x/sqrt 2, the
-    same exp. Absolute error of Phi within cpumath.ERFC_AS_MAX_ABS_ERR / 2. Predict ~1.6x rung 3 (the exp is
-    most of its instructions, kernels asm)."""
+    same exp (exp_nonpos: its argument is <= 0). Absolute error of Phi within cpumath.ERFC_AS_MAX_ABS_ERR / 2.
+    kernels asm: 33 packed zmm instructions against rung 3's 65. Predict ~2x rung 3 where arithmetic is the
+    bound."""
     _gelu_bwd_as_loop(dx, dy, x)
 
 
