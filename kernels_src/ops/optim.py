@@ -1007,7 +1007,13 @@ def torch_sgd_step(params, grads, bufs, lr, momentum, wd, nesterov):
     opt.step()
 
 
-@register("adamw", "gpu", "torch", baseline=True, requires=torch_gpu, bytes=lambda s, b: 13 * s[0] * b)
+TORCH_FUSED_INF = ("torch's fused AdamW kernel (ATen fused_adam_utils.cuh) decays as param -= lr * wd * param, so an "
+                   "infinite weight becomes inf - inf = NaN, where torch's single-tensor and foreach steps multiply by "
+                   "1 - lr * wd and keep it infinite (the rule of every course rung)")
+
+
+@register("adamw", "gpu", "torch", baseline=True, requires=torch_gpu, bytes=lambda s, b: 13 * s[0] * b,
+          edge_exempt=TORCH_FUSED_INF)
 def adamw_torch(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps, wd):
     """torch.optim.AdamW(fused=True), preceded by 3 copies (p, m, v into the outputs) because torch only
     steps in place: 28 + 24 = 52 B/param counted. For the parity check on the GPU; the fair in-place
@@ -1019,7 +1025,8 @@ def adamw_torch(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps, wd
     torch_adamw_step([tp_new], [tg], [tm_new], [tv_new], step, lr, beta1, beta2, eps, wd)
 
 
-@register("adamw_multi", "gpu", "torch", baseline=True, requires=torch_gpu, bytes=lambda s, b: 13 * s[1] * b)
+@register("adamw_multi", "gpu", "torch", baseline=True, requires=torch_gpu, bytes=lambda s, b: 13 * s[1] * b,
+          edge_exempt=TORCH_FUSED_INF)
 def adamw_multi_torch(p_new, m_new, v_new, p, g, m, v, lengths, step, lr, beta1, beta2, eps, wd):
     """torch.optim.AdamW(fused=True) over the T tensors (views of the buffers), after 3 copies: 52 B/param."""
     tp_new, tm_new, tv_new, tp, tg, tm, tv = _views(p_new, m_new, v_new, p, g, m, v)
