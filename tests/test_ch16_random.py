@@ -132,7 +132,7 @@ def _all_rungs(logits, *args):
     return out
 
 
-def test_sampling_ties_greedy_and_topk():
+def test_sampling_ties_greedy_and_topk(sim_race_checked):  # the GPU rung also race-free
     logits = np.array([[1.0, 3.0, 3.0, 0.0, 3.0], [-0.0, 0.0, -1.0, -np.inf, -5.0]], np.float32)
     for name, ids in _all_rungs(logits, 0.0, 0, 1.0, 1, 0).items():
         np.testing.assert_array_equal(ids, [1, 0], err_msg=name)  # argmax, smallest index; -0.0 ties +0.0
@@ -141,7 +141,7 @@ def test_sampling_ties_greedy_and_topk():
             np.testing.assert_array_equal(ids, [1, 0], err_msg=name)
 
 
-def test_sampling_tie_rule_at_the_cut():
+def test_sampling_tie_rule_at_the_cut(sim_race_checked):  # the GPU rung also race-free
     """Equal logits: top-k = 2 keeps the two smallest indices of the tie; top-p = 0.5 of four equal weights keeps
     exactly two (weights 1.0: sums are exact in any order)."""
     logits = np.zeros((1, 4), np.float32)
