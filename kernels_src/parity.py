@@ -83,14 +83,21 @@ def int_poison_value(dtype, avoid=None):
     if avoid is None or np.size(avoid) == 0:
         return start[()]
     held = np.unique(np.asarray(avoid))
+    span = int(info.max) - int(info.min) + 1
+    if held.size >= span:
+        # Every value of the type is a correct answer somewhere (a byte output such as Q8_0's can hold all 256):
+        # no single poison can tell "never written" from "written"; the type's end value stays the poison.
+        return start[()]
     k = 0
-    while True:  # at most held.size values are held: a window of 1024 candidates at a time
-        steps = np.arange(k, k + 1024, dtype=dtype)
-        cand = start + steps if signed else start - steps
+    while True:  # at most held.size values are held: a window of candidates at a time, never past the type
+        n = min(1024, span - k)
+        ut = np.dtype(f"u{dtype.itemsize}")  # steps below the type's span fit its unsigned twin
+        steps = np.arange(k, k + n, dtype=np.uint64).astype(ut)
+        cand = (start.view(ut) + steps).view(dtype) if signed else start - steps
         free = ~np.isin(cand, held)
         if free.any():
             return cand[np.argmax(free)]
-        k += 1024
+        k += n
 
 
 def poison(a: np.ndarray, fmt: str = "", avoid=None) -> np.ndarray:

@@ -70,3 +70,11 @@ def test_int_poison_value_avoids_the_reference(dtype):
 def test_uint8_poison_with_every_value_but_one_held():
     held = np.delete(np.arange(256, dtype=np.uint8), 17)
     assert parity.int_poison_value(np.uint8, held) == 17
+
+
+def test_uint8_poison_when_the_reference_holds_every_value():
+    # A Q8_0 byte output can hold all 256 values: no poison can be told from an answer, so the type's end value
+    # is used (and the function returns instead of searching forever or overflowing the byte).
+    held = np.arange(256, dtype=np.uint8)
+    assert parity.int_poison_value(np.uint8, held) == 255
+    assert parity.int_poison_value(np.int8, held.view(np.int8)) == -128
