@@ -57,8 +57,9 @@ def pytest_collection_modifyitems(config, items):
     # The longest tests first (the PTX compiles of the whole registry, the browser tests, those marked slow), the
     # rest in file order: with pytest-xdist's work stealing (make.py runs `-n auto --dist worksteal`), the workers'
     # last tests are then short ones, so that they end together instead of one waiting on the other's long test.
-    # The order changes nothing else: no test depends on another having run.
-    items.sort(key=_start_order)
+    # The order changes nothing else: no test depends on another having run. (--ff / --nf keep their own order.)
+    if not (config.getoption("failedfirst", False) or config.getoption("newfirst", False)):
+        items.sort(key=_start_order)
 
 
 def _start_order(item) -> int:

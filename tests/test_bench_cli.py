@@ -125,8 +125,10 @@ def test_doctor_runs(run_python):
 
 
 # Every GPU kernel of the registry, in PTX_PARTS groups of ops (one child process each), so that pytest-xdist's
-# workers share the work instead of one worker compiling all of it; the groups together hold every op.
-PTX_PARTS = 8
+# workers share the work instead of one worker compiling all of it; the groups together hold every op. Four: each
+# child pays ~2 CPU s to start, and with work stealing and the longest tests first (tests/conftest.py) four parts
+# of ~45 s balance the two workers as well as eight did.
+PTX_PARTS = 4
 
 
 @pytest.mark.ptx

@@ -75,7 +75,7 @@ for nd in ("::1", ":, ::1", ":, :, ::1"):
         assert int(v4_loads) >= 1 and int(v4_stores) >= 1 and int(scalar_loads) == 0, (nd, v4_loads, v4_stores)
 
 
-MLIR_PARTS = 8  # the registry's GPU ops in groups (one child process each), shared by pytest-xdist's workers
+MLIR_PARTS = 4  # the registry's GPU ops in groups (one child process each, ~3 CPU s to start), shared by the workers
 
 
 @needs_mlir
