@@ -2,6 +2,8 @@
 once per process, and the corpora of bad submissions (tests/corpus/<slug>/, one directory per exercise)."""
 import functools
 import json
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -32,12 +34,29 @@ def corpus_cases() -> list[tuple[str, str]]:
 
 @functools.lru_cache(maxsize=None)
 def generated(slug: str = "ch01_axpy") -> Path:
-    """A temporary directory holding exercises/ and build/ freshly generated from solutions/<slug>.md."""
+    """A temporary directory holding exercises/ and build/ freshly generated from solutions/<slug>.md.
+
+    Generated once per test session, not once per pytest-xdist worker: under tests/conftest.py's session folder
+    (``KERNELS_TEST_SHARED``) the first worker to finish one moves it into place and the others take it
+    (about 2.5 CPU seconds an exercise, the jupytext and otter-assign work). Tests only read it."""
     from kernels_src.grading import exercises
 
-    tmp = Path(tempfile.mkdtemp(prefix="kgrading-test-"))
+    shared = os.environ.get("KERNELS_TEST_SHARED")
+    root = Path(shared) / "generated" if shared and Path(shared).is_dir() else None
+    if root is not None and (root / slug / "done").is_file():
+        return root / slug
+    if root is not None:
+        root.mkdir(exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{slug}.tmp-" if root else "kgrading-test-", dir=root))
     exercises.generate([slug], tmp / "exercises", tmp / "build", zip_=True, quiet=True)
-    return tmp
+    if root is None:
+        return tmp
+    (tmp / "done").write_text("")
+    try:
+        os.rename(tmp, root / slug)  # atomic; fails when another worker's copy is already in place
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root / slug
 
 
 def autograder(slug: str = "ch01_axpy") -> Path:

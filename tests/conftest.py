@@ -17,6 +17,24 @@ sys.path.insert(0, str(ROOT))
 MIN_TESTS_FULL_RUN = 50
 
 
+def pytest_configure(config):
+    # One folder for the whole session, shared by pytest-xdist's workers (they inherit the environment): what a
+    # test helper builds once for every worker (tests/_grading_support.py's generated exercises) goes there.
+    if not hasattr(config, "workerinput") and not os.environ.get("KERNELS_TEST_SHARED"):
+        import tempfile
+
+        config._kernels_shared = os.environ["KERNELS_TEST_SHARED"] = tempfile.mkdtemp(prefix="kernels-tests-")
+
+
+def pytest_unconfigure(config):
+    shared = getattr(config, "_kernels_shared", None)
+    if shared:
+        import shutil
+
+        shutil.rmtree(shared, ignore_errors=True)
+        os.environ.pop("KERNELS_TEST_SHARED", None)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if hasattr(session.config, "workerinput"):  # xdist worker: the controller decides
         return
