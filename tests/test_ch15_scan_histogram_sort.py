@@ -165,7 +165,7 @@ def test_segmented_scan_offsets_must_be_valid():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.int32, np.float32])
 def test_single_pass_rungs_over_many_tiles_and_misaligned(dtype):
-    """Rungs 5, 6 and 7 of scan and the decoupled segmented rung on the real GPU: many tiles (the look-back walks
+    """Rung 5 of scan and the decoupled segmented rung on the real GPU: many tiles (the look-back walks
     windows of 32 predecessors), sizes that are not multiples of 4 or of the tile, repeated launches (epochs),
     and a view that starts 4 bytes into its buffer (the 16-byte loads must step aside)."""
     from kernels_src.compiler import cuda
@@ -180,11 +180,7 @@ def test_single_pass_rungs_over_many_tiles_and_misaligned(dtype):
         for views in ((d_x[:n], d_h[:n], x[:n], heads[:n]), (d_x[1:], d_h[1:], x[1:], heads[1:])):
             dx, dh, hx, hh = views
             cases = ((scan.scan_gpu_decoupled, (dx,), scan.reference(hx)),
-                     (scan.scan_gpu_decoupled32, (dx,), scan.reference(hx)),
-                     (scan.scan_gpu_warp_tiles, (dx,), scan.reference(hx)),
-                     (scan.scan_exclusive_gpu_warp_tiles, (dx,), scan.reference_exclusive(hx)),
                      (scan.scan_exclusive_gpu_decoupled, (dx,), scan.reference_exclusive(hx)),
-                     (scan.scan_exclusive_gpu_decoupled32, (dx,), scan.reference_exclusive(hx)),
                      (segmented_scan.decoupled, (dx, dh), segmented_scan.reference(hx, hh)))
             for _ in range(3):  # the same buffers again: the epoch, not a clear, retires old descriptors
                 for fn, args, ref in cases:

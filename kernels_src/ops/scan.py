@@ -37,10 +37,6 @@ Ladder (the same for inclusive ``scan`` and exclusive ``scan_exclusive``)
                              sees both halves or neither), a warp-wide look-back (32 predecessors per step,
                              ballot + shuffle sum), 16 values per thread and 16-byte loads. 8n bytes.
                              Real GPU only (shuffles); ``segmented_scan`` reuses it with a (flag, value) operator
-  gpu/decoupled32  rung 6    rung 5 with 32 values per thread (8192 per tile): each ticket, barrier and
-                             look-back paid once per 64 KB moved instead of 32 KB
-  gpu/warp_tiles   rung 7    rung 6 with every warp its own 1024-value tile (own ticket, descriptor and
-                             look-back): no syncthreads left, a waiting warp stalls only itself
   gpu/torch        baseline  torch.cumsum on the GPU
   gpu/cccl         baseline  CCCL's cuda.compute scan (CUB from Python), where it is installed
 
@@ -678,7 +674,7 @@ def _bits_fns(dt):
     return i32_bits, bits_i32
 
 
-def decoupled_kernel(dt, exclusive, vec, segmented=False, items=DL_ITEMS):
+def decoupled_kernel(dt, exclusive, vec, segmented=False):
     """Rung 5 of ``scan`` (and the fast rung of ``segmented_scan``): one pass, 8n bytes, a warp-wide
     look-back over packed 64-bit (status, value) descriptors. ``vec``: x and out start on 16-byte
     boundaries, so whole groups of four move as one 16-byte load/store. ``segmented``: a head-flag array
@@ -688,7 +684,7 @@ def decoupled_kernel(dt, exclusive, vec, segmented=False, items=DL_ITEMS):
 
         nbt = _TYPES[dt]
         ZERO = nbt(0)
-        T, ITEMS = DL_T, items
+        T, ITEMS = DL_T, DL_ITEMS
         W = T // 32
         WTILE = 32 * ITEMS  # values per warp
         TILE = T * ITEMS
@@ -756,7 +752,7 @@ def decoupled_kernel(dt, exclusive, vec, segmented=False, items=DL_ITEMS):
                 load_warp_tile(hs, heads, base, wbase, lane, n, int32(0))
             cuda.syncwarp()
             e0 = wbase + lane * ITEMS
-            q0 = e0 + (e0 >> 5)  # a lane's 16 (32) values never straddle a padding word
+            q0 = e0 + (e0 >> 5)  # a lane's 16 values never straddle a padding word
             acc = ZERO  # pass 1: the lane's total (since its last head, if segmented)
             hf = int32(0)
             for i in range(ITEMS):
@@ -818,19 +814,15 @@ def decoupled_kernel(dt, exclusive, vec, segmented=False, items=DL_ITEMS):
                             d = cuda.atomic.add(desc, idx, _U0)  # an L2 read no cache can hold stale
                             st = uint32(d >> _U32)
                             v = from_bits(uint32(d & _LOW32))
-                        mx = int64(cuda.ballot_sync(FULL_MASK, not (st == AGG or st == INC)))
-                        mi = int64(cuda.ballot_sync(FULL_MASK, st == INC))
-                        lowx = mx & (-mx)  # the nearest tile not yet published (lowest set bit), 0 if none
-                        lowi = mi & (-mi)  # the nearest inclusive tile
-                        if mi != 0 and (mx == 0 or lowi < lowx):
-                            # the nearest inclusive tile ends the walk: add it and the aggregates nearer
-                            prefix += warp_sum(v if (int64(1) << lane) <= lowi else ZERO)
+                        if not cuda.all_sync(FULL_MASK, st == AGG or st == INC):
+                            continue  # some predecessor has started (rule 1) but not published: poll again
+                        m = int64(cuda.ballot_sync(FULL_MASK, st == INC))
+                        if m != 0:  # the nearest inclusive tile ends the walk: add it and the aggregates after it
+                            low = m & (-m)
+                            prefix += warp_sum(v if (int64(1) << lane) <= low else ZERO)
                             break
-                        if mx == 0:  # 32 aggregates: add them all, look 32 tiles further back
-                            prefix += warp_sum(v)
-                            j -= 32
-                        # else: a tile nearer than any inclusive one has started (rule 1) but not
-                        # published: poll the same 32 again
+                        prefix += warp_sum(v)
+                        j -= 32
                     if lane == 0 and tf == 0:
                         cuda.atomic.exch(desc, b, pack(INC, prefix + total))
                 if lane == 0:
@@ -864,7 +856,7 @@ def decoupled_kernel(dt, exclusive, vec, segmented=False, items=DL_ITEMS):
 
         return scan_single_pass
 
-    return _cached(("dl", dt, exclusive, vec, segmented, items), build)
+    return _cached(("dl", dt, exclusive, vec, segmented), build)
 
 
 def _aligned(*arrays) -> bool:
@@ -892,159 +884,16 @@ def _descriptors(tiles):
     return _buf(key, tiles, np.uint64, zero=True), _buf(("dlticket",), 1, np.int32, zero=True), e
 
 
-def scan_decoupled(out, x, exclusive=False, heads=None, items=DL_ITEMS):
+def scan_decoupled(out, x, exclusive=False, heads=None):
     if x.size == 0:
         return
-    tiles = ceil_div(x.size, DL_T * items)
+    tiles = ceil_div(x.size, DL_TILE)
     desc, ticket, e = _descriptors(tiles)
     seg = heads is not None
     vec = _aligned(out, x) and (not seg or _aligned(heads))
     if not seg:
         heads = _buf(("dlnoheads",), 1, np.int32, zero=True)
-    decoupled_kernel(_dt(x), exclusive, vec, seg, items)[tiles, DL_T](out, x, heads, desc, ticket, np.int32(e))
-
-
-def warp_tile_kernel(dt, exclusive, vec, items=32):
-    """Rung 7: rung 6 with every warp its own tile (its own ticket, descriptor and look-back), so no
-    ``syncthreads`` is left anywhere: a warp that waits for its predecessors holds up nobody but itself."""
-    def build():
-        from ..compiler import int64, load4, store4, uint32, uint64
-
-        nbt = _TYPES[dt]
-        ZERO = nbt(0)
-        T, ITEMS = DL_T, items
-        W = T // 32
-        WTILE = 32 * ITEMS  # values per warp = per tile
-        PADW = WTILE + WTILE // 32
-        SH = W * PADW
-        GROUPS = WTILE // 128
-        to_bits, from_bits = _bits_fns(dt)
-
-        @cuda.jit(device=True, inline=True)
-        def pack(status, v):
-            return (uint64(status) << _U32) | uint64(to_bits(v))
-
-        @cuda.jit(device=True, inline=True)
-        def warp_sum(v):
-            off = 16
-            while off > 0:
-                v += cuda.shfl_xor_sync(FULL_MASK, v, off)
-                off //= 2
-            return v
-
-        @cuda.jit
-        def scan_warp_tiles(out, x, desc, ticket, epoch):
-            # x (n,) -> out (n,); desc (tiles,) uint64, one per WARP tile; ticket (1,) int32, zero between launches
-            s = cuda.shared.array(SH, nbt)
-            tid = cuda.threadIdx.x
-            lane = tid & 31
-            sb = (tid >> 5) * PADW  # this warp's slice of shared memory
-            n = x.size
-            t = 0
-            if lane == 0:  # rule 1, per warp: the tile is the order this warp started in
-                t = cuda.atomic.add(ticket, 0, 1)
-                if t == cuda.gridDim.x * W - 1:
-                    cuda.atomic.exch(ticket, 0, 0)
-            b = cuda.shfl_sync(FULL_MASK, t, 0)
-            if b * WTILE >= n:  # the grid's last block may hold more warps than there are tiles
-                return
-            base = b * WTILE
-            for k in range(GROUPS):
-                e = k * 128 + lane * 4
-                g = base + e
-                q = sb + e + (e >> 5)
-                if vec and g + 3 < n:
-                    v0, v1, v2, v3 = load4(x, g // 4)
-                else:
-                    v0 = x[g] if g < n else ZERO
-                    v1 = x[g + 1] if g + 1 < n else ZERO
-                    v2 = x[g + 2] if g + 2 < n else ZERO
-                    v3 = x[g + 3] if g + 3 < n else ZERO
-                s[q] = v0
-                s[q + 1] = v1
-                s[q + 2] = v2
-                s[q + 3] = v3
-            cuda.syncwarp()
-            e0 = lane * ITEMS
-            q0 = sb + e0 + (e0 >> 5)
-            acc = ZERO
-            for i in range(ITEMS):
-                acc += s[q0 + i]
-            inc = acc
-            off = 1
-            while off < 32:
-                y = cuda.shfl_up_sync(FULL_MASK, inc, off)
-                if lane >= off:
-                    inc = y + inc
-                off *= 2
-            tex = cuda.shfl_up_sync(FULL_MASK, inc, 1)
-            if lane == 0:
-                tex = ZERO
-            total = cuda.shfl_sync(FULL_MASK, inc, 31)
-            AGG = uint32(2 * epoch)
-            INC = AGG + uint32(1)
-            if lane == 0:
-                cuda.atomic.exch(desc, b, pack(INC if b == 0 else AGG, total))
-            prefix = ZERO
-            if b > 0:
-                j = b - 1
-                while True:
-                    idx = j - lane
-                    st = INC
-                    v = ZERO
-                    if idx >= 0:
-                        d = cuda.atomic.add(desc, idx, _U0)
-                        st = uint32(d >> _U32)
-                        v = from_bits(uint32(d & _LOW32))
-                    mx = int64(cuda.ballot_sync(FULL_MASK, not (st == AGG or st == INC)))
-                    mi = int64(cuda.ballot_sync(FULL_MASK, st == INC))
-                    lowx = mx & (-mx)
-                    lowi = mi & (-mi)
-                    if mi != 0 and (mx == 0 or lowi < lowx):
-                        prefix += warp_sum(v if (int64(1) << lane) <= lowi else ZERO)
-                        break
-                    if mx == 0:
-                        prefix += warp_sum(v)
-                        j -= 32
-                if lane == 0:
-                    cuda.atomic.exch(desc, b, pack(INC, prefix + total))
-            run = prefix + tex  # the butterfly sum leaves the same prefix in every lane
-            for i in range(ITEMS):
-                v = s[q0 + i]
-                if exclusive:
-                    s[q0 + i] = run
-                    run += v
-                else:
-                    run += v
-                    s[q0 + i] = run
-            cuda.syncwarp()
-            for k in range(GROUPS):
-                e = k * 128 + lane * 4
-                g = base + e
-                q = sb + e + (e >> 5)
-                if vec and g + 3 < n:
-                    store4(out, g // 4, s[q], s[q + 1], s[q + 2], s[q + 3])
-                else:
-                    for u in range(4):
-                        if g + u < n:
-                            out[g + u] = s[q + u]
-
-        return scan_warp_tiles
-
-    return _cached(("wt", dt, exclusive, vec, items), build)
-
-
-WT_SIG = "void({dt}[::1], {dt}[::1], uint64[::1], int32[::1], int32)"
-
-
-def scan_warp_tiles(out, x, exclusive=False, items=32):
-    if x.size == 0:
-        return
-    tiles = ceil_div(x.size, 32 * items)
-    desc, ticket, e = _descriptors(tiles)
-    vec = _aligned(out, x)
-    warp_tile_kernel(_dt(x), exclusive, vec, items)[ceil_div(tiles, DL_T // 32), DL_T](out, x, desc, ticket,
-                                                                                         np.int32(e))
+    decoupled_kernel(_dt(x), exclusive, vec, seg)[tiles, DL_T](out, x, heads, desc, ticket, np.int32(e))
 
 
 def _torch_gpu():
@@ -1079,11 +928,8 @@ def _ptx(which, dt, exclusive):
     if which == "rts":
         a, b, c = rts_kernels(dt, exclusive, T, ITEMS)
         return [(a, _sig(dt)), (b, _sig(dt)), (c, f"void({dt}[::1], {dt}[::1], {dt}[::1])")]
-    if which == "wt":
-        return [(warp_tile_kernel(dt, exclusive, vec), WT_SIG.format(dt=dt)) for vec in (True, False)]
-    if which in ("dl", "dl32"):
-        items = 32 if which == "dl32" else DL_ITEMS
-        return [(decoupled_kernel(dt, exclusive, vec, False, items), DL_SIG.format(dt=dt)) for vec in (True, False)]
+    if which == "dl":
+        return [(decoupled_kernel(dt, exclusive, vec), DL_SIG.format(dt=dt)) for vec in (True, False)]
     return [(lookback_kernel(dt, exclusive, T, ITEMS),
              f"void({dt}[::1], {dt}[::1], int32[::1], {dt}[::1], {dt}[::1], int32[::1], int32)")]
 
@@ -1135,23 +981,6 @@ def _register_gpu(op, exclusive):
         8n = 2.15 GB at 2^28, so 0.72 ms at the copy's ~3000 GB/s; the goal (80 % of copy) is 0.89 ms."""
         scan_decoupled(out, x, exclusive)
 
-    @register(op, "gpu", "decoupled32", rung=6, ptx=_ptx_all("dl32", exclusive), dtypes=DTYPES,
-              requires=device.needs_real_gpu)
-    def decoupled32(out, x):
-        """Rung 5 with 32 values per thread instead of 16: 8192 per tile, so every ticket, barrier and
-        look-back is paid once per 64 KB moved instead of 32 KB, and each lane has eight 16-byte loads in
-        flight instead of four. Same 8n bytes: predict the same 0.72 ms floor, approached more closely."""
-        scan_decoupled(out, x, exclusive, items=32)
-
-    @register(op, "gpu", "warp_tiles", rung=7, ptx=_ptx_all("wt", exclusive), dtypes=DTYPES,
-              requires=device.needs_real_gpu)
-    def warp_tiles(out, x):
-        """Rung 6 with every warp its own 1024-value tile: its own ticket (lane 0's atomic, broadcast by a
-        shuffle), descriptor and look-back, and no syncthreads at all, so a warp waiting on its predecessors
-        stalls only itself (rung 5's profile: warps stalled at barriers about as much as on memory). Four
-        times the tiles, so four times the look-backs; same 8n bytes."""
-        scan_warp_tiles(out, x, exclusive)
-
     @register(op, "gpu", "torch", baseline=True, requires=_torch_gpu, dtypes=DTYPES)
     def torch_cumsum_gpu(out, x):
         """torch.cumsum on the GPU (CUB underneath), written into out."""
@@ -1180,14 +1009,13 @@ def _register_gpu(op, exclusive):
         fn = cc.exclusive_scan if exclusive else cc.inclusive_scan
         fn(torch_view(x), torch_view(out), cc.OpKind.PLUS, h_init, x.size)
 
-    return hillis_steele, blelloch, reduce_then_scan, lookback, decoupled, decoupled32, warp_tiles
+    return hillis_steele, blelloch, reduce_then_scan, lookback, decoupled
 
 
 (scan_gpu_hillis_steele, scan_gpu_blelloch, scan_gpu_reduce_then_scan, scan_gpu_lookback,
- scan_gpu_decoupled, scan_gpu_decoupled32, scan_gpu_warp_tiles) = _register_gpu("scan", False)
+ scan_gpu_decoupled) = _register_gpu("scan", False)
 (scan_exclusive_gpu_hillis_steele, scan_exclusive_gpu_blelloch, scan_exclusive_gpu_reduce_then_scan,
- scan_exclusive_gpu_lookback, scan_exclusive_gpu_decoupled, scan_exclusive_gpu_decoupled32,
- scan_exclusive_gpu_warp_tiles) = _register_gpu("scan_exclusive", True)
+ scan_exclusive_gpu_lookback, scan_exclusive_gpu_decoupled) = _register_gpu("scan_exclusive", True)
 
 
 # ------------------------------------------------------------------ chapter 15's predict-then-measure exercise
