@@ -146,7 +146,7 @@ def test_words_shape_on_the_capstone_products(fmt, K, shape):
     assert R * S <= P.SPLIT_WARPS and U <= P.WORDS_U and (32 * S * U >= W or (S, U) == (P.SPLIT_MAX, P.WORDS_U))
 
 
-def _run_words(fmt, K, N, R, S, U, seed, act=False):
+def _run_words(fmt, K, N, R, S, U, seed, act=False, shfl=False):
     from kernels_src.ops.activations import gelu_ref
 
     rng = np.random.default_rng(seed)
@@ -154,7 +154,7 @@ def _run_words(fmt, K, N, R, S, U, seed, act=False):
     Wq = QUANT[fmt](rng.standard_normal((N, K)).astype(np.float32))
     qs, d = P.repack_host(Wq, fmt)
     y = cuda.to_device(np.full(N, np.nan, np.float32))  # poisoned
-    P.launch_words(y, cuda.to_device(x), cuda.to_device(qs), cuda.to_device(d), fmt, R, S, U, act)
+    P.launch_words(y, cuda.to_device(x), cuda.to_device(qs), cuda.to_device(d), fmt, R, S, U, act, shfl)
     got = y.copy_to_host()
     want = qgemv_ref(fmt)(x, Wq)
     if act:
@@ -189,8 +189,16 @@ def test_registered_words_rung_splits_long_rows(fmt, K, N, sim_greenlets):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shfl", [False, True])
 @pytest.mark.parametrize("act", [False, True])
 @pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
 @pytest.mark.parametrize("K,N", [(768, 2304), (768, 768), (768, 3072), (3072, 768), (768, 96), (8192, 37)])
-def test_words_decode_shapes_on_the_gpu(fmt, K, N, act):
-    _run_words(fmt, K, N, None, None, None, K + N, act)
+def test_words_decode_shapes_on_the_gpu(fmt, K, N, act, shfl):
+    _run_words(fmt, K, N, None, None, None, K + N, act, shfl)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("K,N,R,S,U", [(96, 5, 1, 1, 1), (160, 7, 3, 2, 2), (64, 3, 2, 3, 4), (32 * 40, 2, 1, 2, 2)])
+def test_words_shfl_forced_shapes_on_the_gpu(fmt, K, N, R, S, U):
+    _run_words(fmt, K, N, R, S, U, K * N, shfl=True)

@@ -29,6 +29,9 @@ the last row, and its sum is never stored). The partial sums meet in shared memo
   gpu/packed_split rung 8 for a decode step's small products: one 16-byte chunk per lane, several warps per
                           long row (rung 6's shapes leave most lanes idle or re-reading at K = 768)
   gpu/packed_prmt rung 9  rung 8 with one ``prmt`` (byte_perm) per weight to make it a float
+  gpu/packed_words rung 10 one 4-byte word of quants a lane, consecutive lanes on consecutive words: x read
+                          coalesced, every load of a lane issued first
+  gpu/packed_words_shfl rung 11  rung 10 with warp sums by shuffles (a real GPU only)
 """
 from __future__ import annotations
 
@@ -425,7 +428,7 @@ def word_dot_q8(v, xl):
 
 
 @functools.cache
-def make_words_kernel(fmt, R, S, U, act=False):
+def make_words_kernel(fmt, R, S, U, act=False, shfl=False):
     """Rung 10: as rung 8 (R rows a block, S warps a row, a tree per warp, one thread adds the S sums), but the
     unit of a lane is one 4-byte word of quants, and consecutive lanes take consecutive words: lane l of warp
     sp takes words sp*32 + l + 32*S*u (u < U) of each trip. Every load of a trip is issued first."""
@@ -468,18 +471,31 @@ def make_words_kernel(fmt, R, S, U, act=False):
                     acc += dv[u] * word_dot_q8(wv[u], xl[u])
                 else:
                     acc += dv[u] * word_dot_q4(wv[u], xl[u], xh[u])
-        part[w, lane] = acc
-        cuda.syncthreads()
-        h = 16
-        while h > 0:
-            if lane < h:
-                part[w, lane] += part[w, lane + h]
+        if shfl:  # rung 11: the warp's sum by 5 shuffles, one barrier at most (none when a warp owns its row)
+            h = 16
+            while h > 0:
+                acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, h)
+                h //= 2
+            if S > 1:
+                if lane == 0:
+                    part[w, 0] = acc
+                cuda.syncthreads()
+        else:
+            part[w, lane] = acc
             cuda.syncthreads()
-            h //= 2
+            h = 16
+            while h > 0:
+                if lane < h:
+                    part[w, lane] += part[w, lane + h]
+                cuda.syncthreads()
+                h //= 2
         if lane == 0 and sp == 0 and n < N:
-            t = part[w, 0]
-            for j in range(1, S):
-                t += part[w + j, 0]
+            if shfl and S == 1:
+                t = acc
+            else:
+                t = part[w, 0]
+                for j in range(1, S):
+                    t += part[w + j, 0]
             if act:
                 t = _gelu_dev(t)
             y[n] = t
@@ -487,10 +503,10 @@ def make_words_kernel(fmt, R, S, U, act=False):
     return kernel
 
 
-def launch_words(y, x, qs, d, fmt, R=None, S=None, U=None, act=False):
+def launch_words(y, x, qs, d, fmt, R=None, S=None, U=None, act=False, shfl=False):
     R0, S0, U0 = words_shape(fmt, x.size)
     R, S, U = R or R0, S or S0, U or U0
-    make_words_kernel(fmt, R, S, U, act)[max(1, ceil_div(y.size, R)), (32, R * S)](y, x, qs, d)
+    make_words_kernel(fmt, R, S, U, act, shfl)[max(1, ceil_div(y.size, R)), (32, R * S)](y, x, qs, d)
 
 
 SIG = "void(float32[::1], float32[::1], int32[:, ::1], float16[:, ::1])"
@@ -603,6 +619,18 @@ def _register(fmt):
              ptx=[(make_words_kernel(fmt, *words_shape(fmt, 768)), SIG),
                   (make_words_kernel(fmt, *words_shape(fmt, 3072)), SIG)])(r10)
 
+    def r11(y, x, Wq):
+        qs, d = repack_gpu(Wq, fmt)
+        launch_words(y, x, qs, d, fmt, shfl=True)
+
+    r11.__doc__ = """Rung 10 with each warp's sum made by 5 register shuffles instead of a tree in shared memory: one block
+        barrier where rung 10 has six (none when one warp owns its row, as at K = 768 for Q4_0). The decode
+        step's products take ~3 us each in a graph, of which the 6 barriers and shared-memory steps of 8 warps
+        are a few hundred clocks. Predicted: ~0.2 us off each, ~10 us off a decode step of 49 products."""
+    register(op, "gpu", "packed_words_shfl", rung=11, requires=device.needs_real_gpu,
+             ptx=[(make_words_kernel(fmt, *words_shape(fmt, 768), False, True), SIG),
+                  (make_words_kernel(fmt, *words_shape(fmt, 3072), False, True), SIG)])(r11)
+
 
 for _f in FORMATS:
     _register(_f)
@@ -658,6 +686,14 @@ def _register_gelu(fmt):
         measurable longer (one erfc per output, 3072 of them): ~19 us off the Q4_0 and Q8_0 steps."""
     register(op, "gpu", "packed_words", rung=1,
              ptx=[(make_words_kernel(fmt, *words_shape(fmt, 768), True), SIG)])(fused)
+
+    def fused_shfl(y, x, Wq):
+        qs, d = repack_gpu(Wq, fmt)
+        launch_words(y, x, qs, d, fmt, act=True, shfl=True)
+
+    fused_shfl.__doc__ = """Rung 1 on chapter 11's rung 11 (warp sums by shuffles): the same prediction as rung 11's."""
+    register(op, "gpu", "packed_words_shfl", rung=2, requires=device.needs_real_gpu,
+             ptx=[(make_words_kernel(fmt, *words_shape(fmt, 768), True, True), SIG)])(fused_shfl)
 
 
 for _f in FORMATS:
