@@ -1007,6 +1007,10 @@ def torch_sgd_step(params, grads, bufs, lr, momentum, wd, nesterov):
     opt.step()
 
 
+# On the H100 (helper-44g's run, 2026-11-27) the edge check of adamw/gpu/torch failed once the edge inputs held +-inf
+# weights; the failing element was not isolated there (the run that would print it did not get device time): the
+# cause below is read from ATen's source (a run printing torch's single-tensor, foreach and fused results side by side
+# is still owed).
 TORCH_FUSED_INF = ("torch's fused AdamW kernel (ATen fused_adam_utils.cuh) decays as param -= lr * wd * param, so an "
                    "infinite weight becomes inf - inf = NaN, where torch's single-tensor and foreach steps multiply by "
                    "1 - lr * wd and keep it infinite (the rule of every course rung)")
