@@ -115,6 +115,28 @@ def test_greedy_kv_cache_equals_no_cache():
     assert with_cache == without
 
 
+def test_sampling_draws_through_the_sample_op_and_repeats_from_its_seed():
+    """Each sampled token is chapter 16's float64 sample reference on that step's logits, at (seed, step); the
+    same seed gives the same text, another seed another; top_k = 1 is greedy; bad knobs fail at once."""
+    from kernels_src.ops.sampling import sample_ref
+
+    cfg = Config(vocab=data.VOCAB, ctx=32, width=32, heads=2, layers=2)
+    model = GPT(cfg, _params(cfg, spread=0.2), "cpu")
+    prompt = list(data.encode("The kernel "))
+    knobs = dict(temperature=1.3, top_k=12, top_p=0.9)
+    toks = model.generate(prompt, 12, seed=7, **knobs)
+    for i in range(len(prompt), len(toks)):
+        logits = model.be.host(model.forward(np.array([toks[:i]], np.int32))[0])[-1]
+        want = sample_ref(logits[None, :].astype(np.float64), knobs["temperature"], knobs["top_k"], knobs["top_p"],
+                          7, i)[0]
+        assert toks[i] == want, (i, toks[i], want)
+    assert model.generate(prompt, 12, seed=7, cache=False, **knobs) == toks
+    assert model.generate(prompt, 12, seed=8, **knobs) != toks
+    assert model.generate(prompt, 12, temperature=0.9, top_k=1, seed=5) == model.generate(prompt, 12)
+    with pytest.raises(ValueError, match="top_p"):
+        model.generate(prompt, 3, temperature=1.0, top_p=0.0)
+
+
 def test_quantized_decode_matches_dequantized_forward():
     """Q8_0 decode through the dequantizing GEMV = the fp32 forward on the dequantized weights."""
     cfg = Config(vocab=data.VOCAB, ctx=16, width=32, heads=2, layers=1)

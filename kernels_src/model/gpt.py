@@ -483,11 +483,16 @@ class GPT:
             deq[n] = b if n == "wte" else np.ascontiguousarray(b.T)
         return (fmt, packed), deq
 
-    def generate(self, prompt, n_new, temperature=0.0, seed=0, cache=True, qweights=None, mode="auto"):
+    def generate(self, prompt, n_new, temperature=0.0, seed=0, cache=True, qweights=None, mode="auto",
+                 top_k=0, top_p=1.0):
         """Token ids continuing prompt (a list of ints). temperature 0: greedy (argmax; the first index
-        wins a tie). With cache=False every step re-runs the whole sequence through forward(). mode: how
-        the cached decode steps launch (see decoder(); "auto" replays a CUDA graph on a real GPU)."""
-        rng = np.random.default_rng(seed)
+        wins a tie); above 0, a draw with top_k (0: off) and top_p (1: off) by chapter 16's ``sample`` op,
+        reproducible from the seed on every backend (see :func:`pick`). With cache=False every step re-runs
+        the whole sequence through forward(). mode: how the cached decode steps launch (see decoder();
+        "auto" replays a CUDA graph on a real GPU)."""
+        from ..ops.sampling import check_params
+
+        check_params(temperature, top_k, top_p)  # bad knobs fail before any step runs, not after the prompt
         toks = list(prompt)
         n_new = min(n_new, self.cfg.ctx - len(toks))  # the context (and the cache) holds ctx tokens
         dec = self.decoder(self.new_cache(), qweights, mode=mode, quiet=True) if cache else None
@@ -499,7 +504,7 @@ class GPT:
             if not cache:
                 ctx = np.array([toks], np.int32)
                 logits = self.be.host(self.forward(ctx)[0])[-1]
-            nxt = pick(logits, temperature, rng)
+            nxt = pick(logits, temperature, top_k, top_p, seed, len(toks))
             toks.append(nxt)
             if cache and len(toks) < self.cfg.ctx:
                 logits = dec.step([nxt], len(toks) - 1)[0]
@@ -752,11 +757,12 @@ def add(be, out, a, b):
     be("add", out.reshape(-1), np.float32(1.0), a.reshape(-1), b.reshape(-1))
 
 
-def pick(logits, temperature, rng):
-    """Greedy (temperature 0) or a sample from softmax(logits / temperature), on the host (V floats)."""
-    logits = np.asarray(logits, np.float64)
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    z = logits / temperature
-    pr = np.exp(z - z.max())
-    return int(rng.choice(len(pr), p=pr / pr.sum()))
+def pick(logits, temperature, top_k, top_p, seed, step):
+    """The next token from one row of logits (V floats on the host), by chapter 16's ``sample`` op: greedy at
+    temperature 0 (the largest logit, the smallest index on a tie), else a draw from softmax(logits / T)
+    cut to the top k tokens and to the smallest set whose probability reaches top_p. The draw's uniform is
+    Philox's at (seed, step), so a seed gives the same tokens on the CPU, in the simulator and on a GPU,
+    whatever ran the model, and however the steps were launched."""
+    from ..ops.sampling import sample
+
+    return int(sample(np.asarray(logits, np.float32).reshape(1, -1), temperature, top_k, top_p, seed, step)[0])
