@@ -41,11 +41,11 @@ def test_decisions_by_shape(dev, role, shape, variant, rule):
 
 
 @pytest.mark.parametrize("dev,fmt,N,K,variant,rule", [
-    # the large capstone's decode products are latency bound (few blocks, ~1 MB each): rung 11, a word a lane
+    # the large capstone's decode products are latency bound (few blocks, ~1 MB each): rung 10, a word a lane
     # (rungs 8-9 read x 128 bytes apart across a warp's lanes: measured slower for Q4_0 than for Q8_0)
-    ("gpu", "q4_0", 2304, 768, "qgemv_q4_0/gpu/packed_words_shfl", "small"),
-    ("gpu", "q4_0", 768, 3072, "qgemv_q4_0/gpu/packed_words_shfl", "small"),
-    ("gpu", "q8_0", 3072, 768, "qgemv_q8_0/gpu/packed_words_shfl", "small"),
+    ("gpu", "q4_0", 2304, 768, "qgemv_q4_0/gpu/packed_words", "small"),
+    ("gpu", "q4_0", 768, 3072, "qgemv_q4_0/gpu/packed_words", "small"),
+    ("gpu", "q8_0", 3072, 768, "qgemv_q8_0/gpu/packed_words", "small"),
     ("sim", "q8_0", 7, 64, "qgemv_q8_0/gpu/packed_words", "small"),     # no shuffles: rung 10
     # above qgemv_split_max_weights, DRAM bound: rung 6, the sweep's winner at 4096^2-8192^2
     ("gpu", "q4_0", 8192, 8192, "qgemv_q4_0/gpu/packed_warp", "fixed"),
@@ -60,7 +60,7 @@ def test_quantized_gemv_decisions(dev, fmt, N, K, variant, rule):
 
 
 @pytest.mark.parametrize("dev,N,K,variant,rule", [
-    ("gpu", 3072, 768, "qgemv_gelu_q4_0/gpu/packed_words_shfl", "small"),  # the up projection: one launch
+    ("gpu", 3072, 768, "qgemv_gelu_q4_0/gpu/packed_words", "small"),  # the up projection: one launch
     ("sim", 128, 32, "qgemv_gelu_q4_0/gpu/packed_words", "small"),
     ("gpu", 14336, 4096, "qgemv_gelu_q4_0/gpu/unfused", "fixed"),     # above the threshold: rung 6, then the GELU
     ("cpu", 3072, 768, "qgemv_gelu_q4_0/cpu/fused_prange", "fixed"),

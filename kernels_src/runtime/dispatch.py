@@ -20,8 +20,8 @@ each answered, in this order, by
     large    everything else: chapter 5's warptile GEMM (rung 11); the simulator takes rung 2, CPUs rung 6
 
 and the quantized products (qgemv_q8_0, qgemv_q4_0) go to the dequantizing GEMV of chapter 11 (weights repacked
-once; K a multiple of 32): rung 11 (the simulator rung 10) for small products (K*N <= qgemv_split_max_weights: a
-decode step's, latency bound), rung 6 for large ones. Other roles have one rule per device: the fastest correct rung that the op's chapter measured, with
+once; K a multiple of 32): rung 10 for small products (K*N <= qgemv_split_max_weights: a decode step's, latency
+bound), rung 6 for large ones. Other roles have one rule per device: the fastest correct rung that the op's chapter measured, with
 a shape guard where a kernel has a limit (flash attention: head size D <= 128, 48 KiB of shared memory).
 
 Thresholds come from the device's table (``kernels autotune`` writes it; ``tables/<device>.json``, chosen by
@@ -59,7 +59,7 @@ DEFAULTS = {
     "splitk_min_k": 1024,  # split K only when each output sums at least this many products...
     "splitk_max_tiles": 132,  # ...and the output has fewer 128x128 tiles than the H100 has SMs
     "moe_gemv_max_slots": 8,  # MoE layer: up to this many (token, expert) slots, the no-align GEMV rung (ch 18)
-    # quantized GEMV: rung 11 (packed_words_shfl; the simulator rung 10) up to this many weights (the large capstone's biggest decode product
+    # quantized GEMV: rung 10 (packed_words) up to this many weights (the large capstone's biggest decode product
     # is 768 x 3072 = 2.4 M), rung 6 above, where the sweep at 4096^2-8192^2 measured it (ch 11)
     "qgemv_split_max_weights": 1 << 22,
 }
@@ -236,19 +236,19 @@ POLICIES: dict[str, list[Rule]] = {
                                 "decode_attention/gpu/block",
                                 why="flash-decoding: the cache split over 2 blocks per SM, 16-byte rows, the step's dot "
                                 "products summed by one butterfly; the rows per split follow the filled length (ch 10)")],
-    **{f"qgemv_{f}": [Rule("small", {"cpu": "", "gpu": f"qgemv_{f}/gpu/packed_words_shfl",
+    **{f"qgemv_{f}": [Rule("small", {"cpu": "", "gpu": f"qgemv_{f}/gpu/packed_words",
                                      "sim": f"qgemv_{f}/gpu/packed_words"},
                            "K*N <= qgemv_split_max_weights (a decode step's products): latency bound, not DRAM bound, "
                            "so every load of a lane issued at once, several warps per long row, one 4-byte word of "
-                           "quants a lane so that x is read coalesced, warp sums by shuffles (ch 11, rungs 10-11; the "
-                           "simulator has no shuffles: rung 10)",
+                           "quants a lane so that x is read coalesced (ch 11, rung 10; rung 11's shuffles are not yet "
+                           "measured on the H100)",
                            lambda s, t: s["K"] % 32 == 0 and s["K"] * s["N"] <= t["qgemv_split_max_weights"],
                            "K a multiple of 32 and K*N <= qgemv_split_max_weights"),
                       _fixed(f"qgemv_{f}/cpu/fused_prange", f"qgemv_{f}/gpu/packed_warp", f"qgemv_{f}/gpu/warp_per_row",
                              why="weights repacked once for 16-byte loads, a warp per output row, several loads in "
                              "flight per lane; x stays fp32 (ch 11, rung 6)",
                              when=lambda s, t: s["K"] % 32 == 0, limit="K a multiple of 32")] for f in ("q8_0", "q4_0")},
-    **{f"qgemv_gelu_{f}": [Rule("small", {"cpu": "", "gpu": f"qgemv_gelu_{f}/gpu/packed_words_shfl",
+    **{f"qgemv_gelu_{f}": [Rule("small", {"cpu": "", "gpu": f"qgemv_gelu_{f}/gpu/packed_words",
                                           "sim": f"qgemv_gelu_{f}/gpu/packed_words"},
                                 "the MLP's up projection and its GELU in one launch: rung 10 of chapter 11, the GELU "
                                 "applied by the thread that stores each output (ch 14)",
