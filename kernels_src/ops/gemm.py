@@ -592,6 +592,12 @@ def gemm_packed_par(C, A, B):
     _gemm_packed_par(C, A, Bp)
 
 
+def gemm_cpu_best(C, A, B):
+    """C = A @ B with the course's fastest CPU GEMM on this machine (a stable name for other ops to build on:
+    conv2d's im2col, the linear layers). A and B may be strided views (transposes): the packing reads them."""
+    gemm_packed_par(C, A, B)
+
+
 @register("gemm", "cpu", "torch", baseline=True, requires=torch_cpu)
 def gemm_torch_cpu(C, A, B):
     """torch.matmul on the CPU (oneDNN/MKL-style kernels), with as many threads as Numba, into C (no copy)."""
