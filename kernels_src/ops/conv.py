@@ -407,6 +407,222 @@ def conv1d_direct_par_cpu(y, x, w, stride, pad):
     conv1d_direct_par(y, x, w, stride, pad)
 
 
+# ------------------------------------------------- CPU: im2row, the course's GEMM, and NHWC (issue 36)
+# The NumPy baselines are im2col + one BLAS call; to be as fast the course's rungs must do the same work with the
+# course's own GEMM (gemm.gemm_cpu_best, chapter 5). Two layout choices decide the speed:
+#  * the GEMM's rows are the N P Q output pixels, not the K = 64 filters: it spreads 64-row blocks of C over the
+#    cores, and K = 64 would be a single block (one core);
+#  * each pixel's window is copied as a row, (r, s, c) along it, from a zero-padded NHWC copy of x: the S C values
+#    of one filter row are contiguous there, so im2row is R memcpys of S C floats per pixel (vector loads and
+#    stores), where NCHW im2col copies runs of Q = 28 floats or single floats with bounds tests.
+@njit(fastmath=True, parallel=True, cache=True)
+def nhwc_pad(xp, x, pad):
+    """xp (N, H + 2 pad, (W + 2 pad) C) <- x (N, C, H, W) as NHWC with a zero border; prange over padded rows."""
+    N, C, H, W = x.shape
+    Hp = xp.shape[1]
+    for t in prange(N * Hp):
+        n = t // Hp
+        hp = t - n * Hp
+        row = xp[n, hp]
+        row[:] = 0.0
+        h = hp - pad
+        if 0 <= h < H:
+            for ww in range(W):
+                o = (ww + pad) * C
+                for c in range(C):
+                    row[o + c] = x[n, c, h, ww]
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def im2row(colT, xp, C, R, S, stride, P, Q):
+    """colT (N P Q, R S C) <- each output pixel's window from the padded NHWC xp: R copies of S C floats."""
+    N = xp.shape[0]
+    SC = S * C
+    for t in prange(N * P):
+        n = t // P
+        p = t - n * P
+        for q in range(Q):
+            dst = colT[t * Q + q]
+            o = q * stride * C
+            for r in range(R):
+                src = xp[n, p * stride + r, o:o + SC]
+                d = dst[r * SC:(r + 1) * SC]
+                for i in range(SC):
+                    d[i] = src[i]
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def nkp_from_npk(y, yt):
+    """y (N, K, PQ) <- yt (N PQ, K): the GEMM's pixel-major rows back to channels-first; prange over (n, k)."""
+    N, K, PQ = y.shape
+    for t in prange(N * K):
+        n = t // K
+        k = t - n * K
+        dst = y[n, k]
+        for i in range(PQ):
+            dst[i] = yt[n * PQ + i, k]
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def npk_from_nkp(yt, y):
+    """yt (N PQ, K) <- y (N, K, PQ), the inverse of nkp_from_npk; prange over pixel rows."""
+    N, K, PQ = y.shape
+    for t in prange(N * PQ):
+        n = t // PQ
+        i = t - n * PQ
+        dst = yt[t]
+        for k in range(K):
+            dst[k] = y[n, k, i]
+
+
+def filters_rsc(w):
+    """w (K, C, R, S) -> (R S C, K): the filters as the GEMM's B, rows in im2row's (r, s, c) order."""
+    K = w.shape[0]
+    return np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(-1, K))
+
+
+@register("conv2d", "cpu", "im2row_gemm", rung=4,
+          bytes=lambda s, b: conv_bytes(s, b) + 2 * s[1] * s[5] * s[6] * out_len(s[2], s[5], s[7], s[8])
+          * out_len(s[3], s[6], s[7], s[8]) * b)
+def conv2d_im2row_cpu(y, x, w, stride, pad):
+    """Rung 3 reorganised around the GEMM: Y^T (N P Q, K) = im2row (N P Q, R S C) @ W^T (R S C, K).
+
+    x is copied once to zero-padded NHWC (no bounds tests after that), every pixel's window becomes a row of R
+    contiguous S C runs (vectorised copies, prange over rows of pixels), then ONE call of chapter 5's GEMM with
+    N P Q = 6272 rows (98 blocks of 64 for the cores, where rung 3 gave each core whole images and a 64-row
+    GEMM), and a parallel transpose back to NCHW. Predicted (2-core Xeon): the GEMM at gemm's packed_par rate
+    (~200 GFLOP/s at 1024^3: 0.46 GFLOP in ~2.3 ms) plus the 14 MB im2row matrix written and read (~0.6 ms at
+    the copy's 49.5 GB/s): ~3 ms, about NumPy's im2col + BLAS."""
+    check_args(x, w, stride, pad)
+    N, C, H, W = x.shape
+    K, _, R, S = w.shape
+    P, Q = y.shape[2], y.shape[3]
+    xp = np.empty((N, H + 2 * pad, (W + 2 * pad) * C), np.float32)
+    nhwc_pad(xp, x, pad)
+    colT = np.empty((N * P * Q, R * S * C), np.float32)
+    im2row(colT, xp, C, R, S, stride, P, Q)
+    yt = np.empty((N * P * Q, K), np.float32)
+    gemm.gemm_cpu_best(yt, colT, filters_rsc(w))
+    nkp_from_npk(y.reshape(N, K, P * Q), yt)
+
+
+@register("conv2d_bwd_dw", "cpu", "im2row_gemm", rung=2)
+def dw_im2row_cpu(dw, x, dy, R, S, stride, pad):
+    """dW as one GEMM: dW^T (R S C, K) = im2row^T (R S C, N P Q) @ dY^T (N P Q, K).
+
+    The same im2row matrix as conv2d's rung 4, read transposed (the GEMM's packing gathers its columns: one
+    strided pass), and dY moved to pixel-major rows (a parallel transpose, 1.6 MB). The GEMM's rows are the
+    R S C = 576 weights (9 blocks of 64 for 2 cores: 5 against 4) and its depth the 6272 pixels. Predicted: the
+    GEMM's ~2.3 ms plus ~1 ms of copies: about NumPy's im2col + BLAS, 15x rung 1 (whose dw[k, c, r, s] sums
+    walk dy and x with bounds tests)."""
+    N, C, H, W = x.shape
+    K, P, Q = dy.shape[1], dy.shape[2], dy.shape[3]
+    xp = np.empty((N, H + 2 * pad, (W + 2 * pad) * C), np.float32)
+    nhwc_pad(xp, x, pad)
+    colT = np.empty((N * P * Q, R * S * C), np.float32)
+    im2row(colT, xp, C, R, S, stride, P, Q)
+    dyt = np.empty((N * P * Q, K), np.float32)
+    npk_from_nkp(dyt, dy.reshape(N, K, P * Q))
+    dwt = np.empty((R * S * C, K), np.float32)
+    gemm.gemm_cpu_best(dwt, colT.T, dyt)
+    dw[...] = dwt.reshape(R, S, C, K).transpose(3, 2, 0, 1)
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def row2im(dxp, dcolT, C, R, S, stride, P, Q):
+    """dxp (N, Hp, Wp C) <- the sum of every pixel's R S C gradient row at its window (col2im, NHWC).
+    Race-free without atomics: a task owns one padded input row (n, hp) and gathers the (p, r) pairs with
+    p stride + r = hp; the S C runs it adds are contiguous (vectorised adds)."""
+    N, Hp = dxp.shape[0], dxp.shape[1]
+    SC = S * C
+    for t in prange(N * Hp):
+        n = t // Hp
+        hp = t - n * Hp
+        row = dxp[n, hp]
+        row[:] = 0.0
+        for r in range(R):
+            if hp - r >= 0 and (hp - r) % stride == 0:
+                p = (hp - r) // stride
+                if p < P:
+                    for q in range(Q):
+                        src = dcolT[(n * P + p) * Q + q, r * SC:(r + 1) * SC]
+                        d = row[q * stride * C:q * stride * C + SC]
+                        for i in range(SC):
+                            d[i] += src[i]
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def nchw_from_nhwc_pad(dx, dxp, pad):
+    """dx (N, C, H, W) <- the interior of the padded NHWC dxp; prange over (n, c) planes."""
+    N, C, H, W = dx.shape
+    for t in prange(N * C):
+        n = t // C
+        c = t - n * C
+        for h in range(H):
+            src = dxp[n, h + pad]
+            dst = dx[n, c, h]
+            for ww in range(W):
+                dst[ww] = src[(ww + pad) * C + c]
+
+
+@register("conv2d_bwd_dx", "cpu", "gemm_row2im", rung=2)
+def dx_gemm_cpu(dx, dy, w, H, W, stride, pad):
+    """dx as a GEMM and a scatter: dcol^T (N P Q, R S C) = dY^T (N P Q, K) @ W (K, R S C), then row2im adds each
+    pixel's row back onto the padded NHWC input (each task owns input rows: no races), and a transpose to NCHW.
+
+    The GEMM has 6272 rows (98 blocks for the cores) and the conv's 0.46 GFLOP; row2im reads the 14 MB dcol^T
+    once and adds runs of S C = 192 contiguous floats. Predicted: ~2.3 ms of GEMM plus ~1 ms of copies, about
+    NumPy's GEMM + col2im, 10x rung 1 (whose gather tests every (k, r, s) for a matching output)."""
+    N, K, P, Q = dy.shape
+    _, C, R, S = w.shape
+    dyt = np.empty((N * P * Q, K), np.float32)
+    npk_from_nkp(dyt, dy.reshape(N, K, P * Q))
+    w2 = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(K, R * S * C))
+    dcolT = np.empty((N * P * Q, R * S * C), np.float32)
+    gemm.gemm_cpu_best(dcolT, dyt, w2)
+    dxp = np.empty((N, H + 2 * pad + stride, (W + 2 * pad + stride) * C), np.float32)
+    row2im(dxp, dcolT, C, R, S, stride, P, Q)
+    nchw_from_nhwc_pad(dx, dxp, pad)
+
+
+@njit(fastmath=True, parallel=True, cache=True)
+def nlc_pad(xp, x, pad):
+    """xp (N, (L + 2 pad) C) <- x (N, C, L) as NLC with zeros at both ends; prange over (n, position)."""
+    N, C, L = x.shape
+    Lp = xp.shape[1] // C
+    for t in prange(N * Lp):
+        n = t // Lp
+        i = t - n * Lp
+        dst = xp[n, i * C:(i + 1) * C]
+        if pad <= i < L + pad:
+            for c in range(C):
+                dst[c] = x[n, c, i - pad]
+        else:
+            dst[:] = 0.0
+
+
+@register("conv1d", "cpu", "im2row_gemm", rung=2)
+def conv1d_im2row_cpu(y, x, w, stride, pad):
+    """conv1d as GEMMs with NO im2col copy: in padded NLC order, output p's window is the R C floats starting at
+    p stride C, so the im2row matrix (P, R C) of image n is a strided VIEW of x (rows overlap); the course's GEMM
+    packs it as it packs any A. Per image: Y_n^T (P, K) = view (P, R C) @ W^T (R C, K), then a transpose to NCL.
+
+    Predicted: 1.34 GFLOP at the GEMM's ~200 GFLOP/s, ~7 ms, plus x and y moved twice (~17 MB each way, under
+    1 ms): ~8 ms, against rung 1's per-output dot products (~580 ms)."""
+    N, C, L = x.shape
+    K, _, R = w.shape
+    P = y.shape[2]
+    xp = np.empty((N, (L + 2 * pad) * C), np.float32)
+    nlc_pad(xp, x, pad)
+    wt = np.ascontiguousarray(w.transpose(2, 1, 0).reshape(R * C, K))
+    yt = np.empty((N * P, K), np.float32)
+    it = xp.itemsize
+    for n in range(N):
+        a = np.lib.stride_tricks.as_strided(xp[n], shape=(P, R * C), strides=(stride * C * it, it))
+        gemm.gemm_cpu_best(yt[n * P:(n + 1) * P], a, wt)
+    nkp_from_npk(y, yt)
+
+
 # ============================================================================================= GPU
 SIG4 = "float32[:, :, :, ::1]"
 SIG3 = "float32[:, :, ::1]"
