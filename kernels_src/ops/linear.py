@@ -15,6 +15,8 @@ Ladder (the same for the three products; this chapter keeps them naive: tiling i
   cpu/loop      rung 1  one @njit dot product per output element, float64 accumulator
   cpu/prange    rung 2  the same, output rows split over cores
   cpu/packed    rung 3  chapter 5's packed GEMM (packed_par) on the same operands (transposes as views)
+  cpu/zmm       rung 4  chapter 5's rung 9 (zmm_par: broadcast-FMA 8x32 tile in zmm registers), same views;
+                        needs AVX-512, like that rung
   gpu/naive     rung 1  one thread per output element, a 2D grid of 16x16 blocks, float32 dot product
 linear_bwd_db
   cpu/numpy     baseline: G.sum(axis=0)
@@ -27,7 +29,7 @@ linear_bwd_db
 import math
 
 import numpy as np
-from ..compiler import cuda, njit, prange
+from ..compiler import cuda, njit, prange, zmm_kernels
 
 from ..device import ceil_div
 from ..registry import EDGE_INPUTS
@@ -222,6 +224,18 @@ def linear_fwd_packed(Y, X, W, b):
     _add_bias(Y, b)
 
 
+@register("linear_fwd", "cpu", "zmm", rung=4, requires=zmm_kernels)
+def linear_fwd_zmm(Y, X, W, b):
+    """Chapter 5's rung 9 (``zmm_par``: W packed in 32-column slivers, an 8 x 32 tile of Y in 16 zmm
+    registers, broadcasts of X) for X W, then b added in one pass over Y. Predicted: like that rung, about
+    NumPy's BLAS (rung 3 measured 0.55-0.65x of it); the bias pass over Y (2 MiB at 2048 x 256, in L2) adds a
+    few percent, as NumPy's separate ``Y += b`` does."""
+    from .gemm import gemm_zmm_into
+
+    gemm_zmm_into(Y, X, W)
+    _add_bias(Y, b)
+
+
 @register("linear_bwd_dw", "cpu", "numpy", baseline=True)
 def linear_bwd_dw_numpy(dW, X, G):
     """numpy.matmul of X transposed (a view, no copy) with G."""
@@ -274,6 +288,17 @@ def linear_bwd_dw_packed(dW, X, G):
     gemm_packed_par(dW, X.T, G)
 
 
+@register("linear_bwd_dw", "cpu", "zmm", rung=4, requires=zmm_kernels)
+def linear_bwd_dw_zmm(dW, X, G):
+    """Chapter 5's rung 9 on X transposed (a view: packing A reads X down its columns, one 8-row sliver of
+    X^T = 8 columns of X at a time) and G. Here M = K_in is small (256 rows of dW) and the sum runs over the
+    batch (2048): rung 9 cuts dW into row blocks of 64 rows (two per thread on 2 cores) so both cores work.
+    Predicted: close to the forward's rung 4."""
+    from .gemm import gemm_zmm_into
+
+    gemm_zmm_into(dW, X.T, G)
+
+
 @register("linear_bwd_dx", "cpu", "numpy", baseline=True)
 def linear_bwd_dx_numpy(dX, G, W):
     """numpy.matmul of G with W transposed (a view)."""
@@ -324,6 +349,15 @@ def linear_bwd_dx_packed(dX, G, W):
     from .gemm import gemm_packed_par
 
     gemm_packed_par(dX, G, W.T)
+
+
+@register("linear_bwd_dx", "cpu", "zmm", rung=4, requires=zmm_kernels)
+def linear_bwd_dx_zmm(dX, G, W):
+    """Chapter 5's rung 9 on G and W transposed (a view: the packing of B reads W along its rows into 32-wide
+    slivers of W^T, once). Predicted: close to the forward's rung 4."""
+    from .gemm import gemm_zmm_into
+
+    gemm_zmm_into(dX, G, W.T)
 
 
 @register("linear_bwd_db", "cpu", "numpy", baseline=True)
