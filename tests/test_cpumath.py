@@ -108,3 +108,75 @@ def test_erfc_as_absolute_bound_and_special_values():
     cpumath.erfc_as_array(got, sp)
     assert np.isnan(got[0]) and got[1] == 0.0 and got[2] == 2.0
     assert abs(got[3] - 1.0) <= 3e-7 and abs(got[4] - 1.0) <= 3e-7 and got[5] == 0.0 and got[6] == 2.0
+
+
+def test_exp2_nonpos_bound_and_special_values():
+    """2^w for w <= 0 (the exact GELU's rung 5): relative error within EXP2_MAX_REL_ERR on [-100, 0], 0 below the
+    floor and at -inf, NaN kept; a degree-4 polynomial (one term short) breaks the same bound."""
+    w = np.linspace(-100, 0, 2_000_001, dtype=np.float32)
+    out = np.full_like(w, np.nan)  # poisoned
+    cpumath.exp2_nonpos_array(out, w)
+    ref = np.exp2(w.astype(np.float64))
+    rel = np.abs(out - ref) / ref
+    assert rel.max() <= cpumath.EXP2_MAX_REL_ERR, f"max relative error {rel.max():.3g} at w={w[rel.argmax()]}"
+    f = w.astype(np.float64) - np.rint(w)
+    short = np.exp2(np.rint(w)) * (1 + f * np.log(2) * (1 + f * np.log(2) / 2 * (1 + f * np.log(2) / 3 * (
+        1 + f * np.log(2) / 4))))
+    assert (np.abs(short - ref) / ref).max() > cpumath.EXP2_MAX_REL_ERR
+    sp = np.array([np.nan, -np.inf, -100.5, -1e30, 0.0, -0.0], np.float32)
+    got = np.full_like(sp, 7.0)
+    cpumath.exp2_nonpos_array(got, sp)
+    assert np.isnan(got[0]) and got[1] == 0.0 and got[2] == 0.0 and got[3] == 0.0
+    assert abs(got[4] - 1) <= 3e-7 and abs(got[5] - 1) <= 3e-7
+
+
+def _gelu64(x):
+    import math
+
+    erfc = np.vectorize(math.erfc)
+    return 0.5 * x * erfc(-x / math.sqrt(2.0)), 0.5 * erfc(-x / math.sqrt(2.0)) + x * np.exp(-0.5 * x * x) / math.sqrt(
+        2.0 * math.pi)
+
+
+def test_gelu_f32_and_its_derivative_within_the_stated_bound():
+    """cpumath.gelu_f32 / gelu_grad_f32 (the exact GELU's rung 5): |error| <= GELU_MAX_ABS_ERR * max(1, |value|)
+    over [-14, 14] (past -11.8 the 2^w is 0 and the result exactly 0), special values as the reference says."""
+    x = np.linspace(-14, 14, 1_400_001, dtype=np.float32)
+    y, d = np.full_like(x, np.nan), np.full_like(x, np.nan)  # poisoned
+    cpumath.gelu_array(y, x)
+    cpumath.gelu_grad_array(d, x)
+    ry, rd = _gelu64(x.astype(np.float64))
+    for got, ref in ((y, ry), (d, rd)):
+        err = np.abs(got - ref) / np.maximum(1.0, np.abs(ref))
+        assert err.max() <= cpumath.GELU_MAX_ABS_ERR, f"max error {err.max():.3g} at x={x[err.argmax()]}"
+    sp = np.array([np.nan, np.inf, -np.inf, 0.0, 1e-30, -1e4, 1e4, -12.5], np.float32)
+    got = np.full_like(sp, 7.0)
+    cpumath.gelu_array(got, sp)
+    assert np.isnan(got[0]) and got[1] == np.inf and np.isnan(got[2])  # -inf * Phi(-inf) = -inf * 0: NaN
+    assert got[3] == 0.0 and abs(got[4] - 5e-31) <= 1e-36 and got[5] == 0.0 and got[6] == 1e4 and got[7] == 0.0
+
+
+def test_gelu_f32_bound_rejects_a_wrong_constant():
+    """The bound can fail: the same formula with the density's 1/sqrt(2 pi) left out of the exponent (K = 0) is
+    far outside it."""
+    import math
+
+    x = np.linspace(-6, 6, 100_001)
+    a = np.abs(x)
+    t = 1 / (1 + 0.3275911 / math.sqrt(2) * a)
+    b = np.array([0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429]) * math.sqrt(2 * math.pi) / 2
+    tp = t * (b[0] + t * (b[1] + t * (b[2] + t * (b[3] + t * b[4]))))
+    wrong = 0.5 * x + a * (0.5 - tp * np.exp(-0.5 * x * x))  # phi without its 1/sqrt(2 pi)
+    ref, _ = _gelu64(x)
+    assert (np.abs(wrong - ref) / np.maximum(1.0, np.abs(ref))).max() > cpumath.GELU_MAX_ABS_ERR
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="counts x86-64 SIMD instructions")
+def test_gelu_rung5_compiles_to_fewer_packed_instructions_than_rung4():
+    from kernels_src.tools.asm import variant_asm
+
+    for op in ("gelu", "gelu_bwd"):
+        old = variant_asm(op, "simd_as")["total"]
+        new = variant_asm(op, "simd_exp2")["total"]
+        assert not new["calls"], new["calls"]
+        assert 0 < new["packed_fp_total"] < old["packed_fp_total"], (op, old, new)

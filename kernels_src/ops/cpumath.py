@@ -161,3 +161,93 @@ def erfc_as_array(out, x):
     """out = erfc_as_f32(x) over a 1-D float32 array (for the tests)."""
     for i in range(x.size):
         out[i] = erfc_as_f32(x[i])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2^w for w <= 0 with fewer instructions than exp_f32 (issue 36, the exact GELU's rung 5): the argument comes already
+# multiplied by log2(e) (the caller folds that constant into its own multiply), so there is no Cody-Waite reduction;
+# n = rint(w) is one instruction (vrndscaleps), f = w - n in [-1/2, 1/2] is exact (Sterbenz), and 2^f is a degree-5
+# polynomial fitted by us for minimal relative error on [-1/2, 1/2] (Lawson-weighted least squares on 3000 Chebyshev
+# nodes, tools of any numerical-analysis text: 7.5e-8 relative in exact arithmetic, where the degree-5 Taylor
+# polynomial of e^(f ln 2) leaves 2.4e-6). w < -100 gives 0 (2^-100 = 7.9e-31), never a subnormal product (the
+# microcode assist exp_nonpos's docstring describes); -inf gives 0, NaN gives NaN.
+X2_0, X2_1, X2_2 = np.float32(1.000000071654657), np.float32(0.6931469670638649), np.float32(0.24022119723933844)
+X2_3, X2_4, X2_5 = np.float32(0.05550713274960299), np.float32(0.009675541330688658), np.float32(0.0013276471519893397)
+EXP2_FLOOR = np.float32(-100.0)
+EXP2_MAX_REL_ERR = 3e-7  # tests/test_cpumath.py measures 2.3e-7 on [-100, 0]: the fit's 7.5e-8 plus the Horner roundings
+
+
+@njit(inline="always", error_model="numpy")
+def exp2_nonpos_f32(w):
+    """2**w for w <= 0 (within EXP2_MAX_REL_ERR relative), 0 for w < -100 and -inf, NaN for NaN: about 11 vector
+    instructions (a clamp, rint, a subtraction, 5 FMAs, 2^n from its bits in 2, the product with a zeroing select)."""
+    wc = EXP2_FLOOR if w < EXP2_FLOOR else w  # a NaN w fails the test and stays NaN
+    nf = np.rint(wc)
+    f = wc - nf
+    p = X2_0 + f * (X2_1 + f * (X2_2 + f * (X2_3 + f * (X2_4 + f * X2_5))))
+    y = p * pow2f(nf)  # NaN: rint(NaN) = NaN, and p is NaN anyway
+    return F0 if w < EXP2_FLOOR else y
+
+
+@njit(cache=True, error_model="numpy")
+def exp2_nonpos_array(out, w):
+    """out = exp2_nonpos_f32(w) over a 1-D float32 array (for the tests)."""
+    for i in range(w.size):
+        out[i] = exp2_nonpos_f32(w[i])
+
+
+# The exact GELU with one 2^w, no cancellation select and the density for free (rung 5 of gelu and gelu_bwd).
+# With a = |x|, the upper tail of the normal distribution Q(a) = erfc(a/sqrt 2)/2 is, by A&S 7.1.26 with the 1/sqrt 2
+# and the 1/2 folded into the constants, t P(t) e^(-a^2/2) with t = 1/(1 + p a / sqrt 2). We compute the exponential
+# already divided by sqrt(2 pi), phi(x) = e^(-x^2/2)/sqrt(2 pi) = 2^(x (x C) + K), the normal density the backward
+# needs; its FMA costs what the plain multiply did, and sqrt(2 pi) moves into P's coefficients. Then
+#     h = 1/2 - Q(a)  (one FMA),   Phi(x) = 1/2 + copysign(h, x),   gelu(x) = x Phi(x) = x/2 + a h  (one FMA):
+# x h sign(x) = a h, so no select on the sign. For x < 0 the result x Q is formed as x/2 - |x|/2 + |x| Q: the rounding
+# of h (half an ulp of 1/2, 3e-8) becomes an absolute error of |x| 3e-8 in gelu(x), below the tolerance's 1e-6
+# absolute wherever Q is not 0 (|x| < 11.8); where 2^w is 0 the result is exactly 0 (and NaN at -inf, as x * 0).
+SQRT_2PI = math.sqrt(2.0 * math.pi)
+GQ_P = np.float32(0.3275911 / math.sqrt(2.0))
+GQ_B1, GQ_B2 = np.float32(0.254829592 * SQRT_2PI / 2), np.float32(-0.284496736 * SQRT_2PI / 2)
+GQ_B3, GQ_B4 = np.float32(1.421413741 * SQRT_2PI / 2), np.float32(-1.453152027 * SQRT_2PI / 2)
+GQ_B5 = np.float32(1.061405429 * SQRT_2PI / 2)
+GQ_C = np.float32(-0.5 / math.log(2.0))  # x (x C) = -x^2/2 in units of ln 2
+GQ_K = np.float32(math.log2(1.0 / SQRT_2PI))  # + log2(1/sqrt(2 pi)): 2^(...) is the density itself
+GELU_MAX_ABS_ERR = 7.5e-7  # tests/test_cpumath.py: |error| / max(1, |value|) over [-14, 14], 3.2e-7 measured
+
+
+@njit(inline="always", error_model="numpy")
+def gelu_parts(x):
+    """(a, h, phi) for one float32 x: a = |x|, h = 1/2 - Q(|x|), phi = the normal density at x (see above)."""
+    a = abs(x)
+    phi = exp2_nonpos_f32(x * (x * GQ_C) + GQ_K)
+    t = F1 / (F1 + GQ_P * a)
+    tp = t * (GQ_B1 + t * (GQ_B2 + t * (GQ_B3 + t * (GQ_B4 + t * GQ_B5))))
+    return a, HALF - tp * phi, phi
+
+
+@njit(inline="always", error_model="numpy")
+def gelu_f32(x):
+    """x Phi(x) = x/2 + |x| (1/2 - Q(|x|)): no select; NaN in, NaN out; -inf gives NaN (the reference's -inf * 0)."""
+    a, h, _ = gelu_parts(x)
+    return HALF * x + a * h
+
+
+@njit(inline="always", error_model="numpy")
+def gelu_grad_f32(x):
+    """Phi(x) + x phi(x), the exact GELU's derivative, from the same parts."""
+    _, h, phi = gelu_parts(x)
+    return (HALF + math.copysign(h, x)) + x * phi
+
+
+@njit(cache=True, error_model="numpy", fastmath={"contract"})
+def gelu_array(out, x):
+    """out = gelu_f32(x) (for the tests)."""
+    for i in range(x.size):
+        out[i] = gelu_f32(x[i])
+
+
+@njit(cache=True, error_model="numpy", fastmath={"contract"})
+def gelu_grad_array(out, x):
+    """out = gelu_grad_f32(x) (for the tests)."""
+    for i in range(x.size):
+        out[i] = gelu_grad_f32(x[i])
