@@ -47,7 +47,7 @@ def test_convention_is_cross_correlation_not_convolution():
     expect = np.zeros((4, 5))
     expect[:, :4] = x[0, 0, :, 1:]  # y[p, q] = x[p, q + 1], zero past the right edge
     np.testing.assert_array_equal(y, expect)
-    for fn in (conv.conv2d_direct_cpu, conv.conv2d_im2col_cpu, conv.conv2d_numpy):
+    for fn in (conv.conv2d_direct_cpu, conv.conv2d_im2col_cpu, conv.conv2d_im2row_cpu, conv.conv2d_numpy):
         out = poison(np.empty((1, 1, 4, 5), np.float32))
         fn(out, x, w, 1, 1)
         np.testing.assert_array_equal(out[0, 0], expect)
@@ -175,3 +175,87 @@ def test_bad_inputs_raise_clear_errors():
         conv.conv2d_direct_cpu(np.zeros((1, 1, 3, 3), np.float32), x, np.zeros((1, 2, 3, 3), np.float32), 1, 0)
     with pytest.raises(ValueError, match="does not fit"):
         conv.conv2d_direct_cpu(np.zeros((1, 1, 1, 1), np.float32), x, np.zeros((1, 3, 7, 7), np.float32), 1, 0)
+
+
+# ---------------------------------------------------------------- CPU rungs built on the course's GEMM (issue 36)
+GEMM_SHAPES = [(1, 1, 1, 1, 1, 1, 1, 1, 0), (2, 3, 7, 6, 5, 3, 3, 1, 1), (1, 2, 9, 8, 3, 3, 2, 2, 1),
+               (2, 1, 5, 5, 2, 5, 5, 1, 2), (1, 2, 11, 10, 7, 2, 3, 3, 0), (3, 5, 13, 7, 67, 3, 3, 2, 2),
+               (1, 70, 6, 5, 9, 1, 1, 1, 0)]  # 70 channels: S C runs and GEMM depths past one vector, K past a tile
+
+
+def _tol(terms):
+    return 8.0 * terms * np.finfo(np.float32).eps + 1e-6
+
+
+@pytest.mark.parametrize("size", GEMM_SHAPES)
+def test_gemm_rungs_match_the_float64_oracles(size):
+    """conv2d im2row_gemm, dw im2row_gemm and dx gemm_row2im against the float64 references on awkward shapes
+    (1s, primes, strides that leave input rows unread, pad >= R / 2, K past the GEMM's register tile), every
+    output poisoned first, so an output the rung never writes fails."""
+    N, C, H, W, K, R, S, stride, pad = size
+    rng = np.random.default_rng(11)
+    x, w, _, _ = conv.make_inputs(size, np.float32, rng)
+    ref = conv.reference(x, w, stride, pad)
+    y = poison(np.empty(ref.shape, np.float32))
+    conv.conv2d_im2row_cpu(y, x, w, stride, pad)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=_tol(C * R * S))
+    dy = rng.standard_normal(ref.shape).astype(np.float32)
+    dw = poison(np.empty_like(w))
+    conv.dw_im2row_cpu(dw, x, dy, R, S, stride, pad)
+    np.testing.assert_allclose(dw, conv.reference_dw(x, dy, R, S, stride, pad), rtol=1e-5,
+                               atol=_tol(N * ref.shape[2] * ref.shape[3]))
+    dx = poison(np.empty_like(x))
+    conv.dx_gemm_cpu(dx, dy, w, H, W, stride, pad)
+    np.testing.assert_allclose(dx, conv.reference_dx(dy, w, H, W, stride, pad), rtol=1e-5, atol=_tol(K * R * S))
+
+
+@pytest.mark.parametrize("size", [(1, 1, 1, 1, 1, 1, 0), (2, 3, 17, 5, 5, 1, 2), (1, 4, 23, 3, 4, 3, 1),
+                                  (3, 2, 10, 7, 3, 2, 0), (2, 33, 50, 2, 9, 1, 4)])
+def test_conv1d_im2row_view_matches_the_oracle(size):
+    """conv1d's im2row matrix is a strided view of the padded NLC input (overlapping rows): right for strides
+    that do not divide L + 2 pad - R, for pad = 0, and with the view's last row ending on the buffer's end."""
+    rng = np.random.default_rng(5)
+    x, w, stride, pad = conv.make_inputs_1d(size, np.float32, rng)
+    ref = conv.reference_1d(x, w, stride, pad)
+    x0 = x.copy()
+    y = poison(np.empty(ref.shape, np.float32))
+    conv.conv1d_im2row_cpu(y, x, w, stride, pad)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=_tol(size[1] * size[4]))
+    np.testing.assert_array_equal(x, x0)  # the view is read, never written
+
+
+def test_gemm_rungs_nan_reaches_exactly_the_windows_that_hold_it():
+    """A NaN in x makes NaN exactly the outputs whose window covers it (and every dw entry that multiplies it);
+    the zero border of the NHWC copy must not invent NaNs, and the GEMM's zero padding must not hide one."""
+    size = (2, 3, 9, 8, 4, 3, 3, 2, 1)
+    N, C, H, W, K, R, S, stride, pad = size
+    rng = np.random.default_rng(2)
+    x, w, _, _ = conv.make_inputs(size, np.float32, rng)
+    x[1, 2, 4, 5] = np.nan
+    ref = conv.reference(x, w, stride, pad)
+    y = poison(np.empty(ref.shape, np.float32))
+    conv.conv2d_im2row_cpu(y, x, w, stride, pad)
+    assert 0 < np.isnan(ref).sum() < ref.size
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    dy = rng.standard_normal(ref.shape).astype(np.float32)
+    dy[0, 1, 2, 3] = np.inf
+    dx = poison(np.empty_like(x))
+    conv.dx_gemm_cpu(dx, dy, w, H, W, stride, pad)
+    dref = conv.reference_dx(dy, w, H, W, stride, pad)
+    np.testing.assert_array_equal(np.isinf(dx), np.isinf(dref))
+    np.testing.assert_array_equal(np.isnan(dx), np.isnan(dref))
+
+
+def test_row2im_is_race_free():
+    """dx's scatter runs with every thread on the same output image: each task owns padded input rows, so
+    repeated runs give bit-identical results (a race on the += would lose or reorder additions)."""
+    size = (1, 8, 16, 16, 8, 3, 3, 1, 1)
+    rng = np.random.default_rng(4)
+    dy, w, H, W, stride, pad = conv.make_inputs_dx(size, np.float32, rng)
+    first = np.empty((1, 8, 16, 16), np.float32)
+    conv.dx_gemm_cpu(first, dy, w, H, W, stride, pad)
+    for _ in range(5):
+        again = poison(np.empty_like(first))
+        conv.dx_gemm_cpu(again, dy, w, H, W, stride, pad)
+        np.testing.assert_array_equal(again, first)
+    np.testing.assert_allclose(first, conv.reference_dx(dy, w, H, W, stride, pad), rtol=1e-5, atol=1e-4)

@@ -42,6 +42,7 @@ from .. import device
 from ..device import ceil_div
 from ..registry import define_op, exercise_op, register
 from . import gemm
+from .gemm import gemm_cpu_best  # the course's fastest CPU GEMM (chapter 5), by its stable name
 from .cpu_baselines import torch_cpu, tviews
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -424,13 +425,16 @@ def nhwc_pad(xp, x, pad):
         n = t // Hp
         hp = t - n * Hp
         row = xp[n, hp]
-        row[:] = 0.0
         h = hp - pad
         if 0 <= h < H:
-            for ww in range(W):
-                o = (ww + pad) * C
-                for c in range(C):
-                    row[o + c] = x[n, c, h, ww]
+            row[:pad * C] = 0.0
+            row[(W + pad) * C:] = 0.0
+            for c in range(C):  # read x's rows contiguously; the scattered writes stay in this row (L1)
+                src = x[n, c, h]
+                for ww in range(W):
+                    row[(ww + pad) * C + c] = src[ww]
+        else:
+            row[:] = 0.0
 
 
 @njit(fastmath=True, parallel=True, cache=True)
@@ -453,14 +457,18 @@ def im2row(colT, xp, C, R, S, stride, P, Q):
 
 @njit(fastmath=True, parallel=True, cache=True)
 def nkp_from_npk(y, yt):
-    """y (N, K, PQ) <- yt (N PQ, K): the GEMM's pixel-major rows back to channels-first; prange over (n, k)."""
+    """y (N, K, PQ) <- yt (N PQ, K): the GEMM's pixel-major rows back to channels-first, in tiles of 16 pixels
+    (16 rows of yt in L1, 16 contiguous floats written per channel); prange over (n, tile)."""
     N, K, PQ = y.shape
-    for t in prange(N * K):
-        n = t // K
-        k = t - n * K
-        dst = y[n, k]
-        for i in range(PQ):
-            dst[i] = yt[n * PQ + i, k]
+    nb = (PQ + 15) // 16
+    for t in prange(N * nb):
+        n = t // nb
+        i0 = (t - n * nb) * 16
+        i1 = min(i0 + 16, PQ)
+        for k in range(K):
+            dst = y[n, k]
+            for i in range(i0, i1):
+                dst[i] = yt[n * PQ + i, k]
 
 
 @njit(fastmath=True, parallel=True, cache=True)
@@ -502,7 +510,7 @@ def conv2d_im2row_cpu(y, x, w, stride, pad):
     colT = np.empty((N * P * Q, R * S * C), np.float32)
     im2row(colT, xp, C, R, S, stride, P, Q)
     yt = np.empty((N * P * Q, K), np.float32)
-    gemm.gemm_cpu_best(yt, colT, filters_rsc(w))
+    gemm_cpu_best(yt, colT, filters_rsc(w))
     nkp_from_npk(y.reshape(N, K, P * Q), yt)
 
 
@@ -524,7 +532,7 @@ def dw_im2row_cpu(dw, x, dy, R, S, stride, pad):
     dyt = np.empty((N * P * Q, K), np.float32)
     npk_from_nkp(dyt, dy.reshape(N, K, P * Q))
     dwt = np.empty((R * S * C, K), np.float32)
-    gemm.gemm_cpu_best(dwt, colT.T, dyt)
+    gemm_cpu_best(dwt, colT.T, dyt)
     dw[...] = dwt.reshape(R, S, C, K).transpose(3, 2, 0, 1)
 
 
@@ -579,7 +587,7 @@ def dx_gemm_cpu(dx, dy, w, H, W, stride, pad):
     npk_from_nkp(dyt, dy.reshape(N, K, P * Q))
     w2 = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(K, R * S * C))
     dcolT = np.empty((N * P * Q, R * S * C), np.float32)
-    gemm.gemm_cpu_best(dcolT, dyt, w2)
+    gemm_cpu_best(dcolT, dyt, w2)
     dxp = np.empty((N, H + 2 * pad + stride, (W + 2 * pad + stride) * C), np.float32)
     row2im(dxp, dcolT, C, R, S, stride, P, Q)
     nchw_from_nhwc_pad(dx, dxp, pad)
@@ -619,7 +627,7 @@ def conv1d_im2row_cpu(y, x, w, stride, pad):
     it = xp.itemsize
     for n in range(N):
         a = np.lib.stride_tricks.as_strided(xp[n], shape=(P, R * C), strides=(stride * C * it, it))
-        gemm.gemm_cpu_best(yt[n * P:(n + 1) * P], a, wt)
+        gemm_cpu_best(yt[n * P:(n + 1) * P], a, wt)
     nkp_from_npk(y, yt)
 
 
