@@ -416,7 +416,8 @@ def conv1d_direct_par_cpu(y, x, w, stride, pad):
 #  * each pixel's window is copied as a row, (r, s, c) along it, from a zero-padded NHWC copy of x: the S C values
 #    of one filter row are contiguous there, so im2row is R memcpys of S C floats per pixel (vector loads and
 #    stores), where NCHW im2col copies runs of Q = 28 floats or single floats with bounds tests.
-@njit(fastmath=True, parallel=True, cache=True)
+# The copies and row2im's adds need no fastmath (nothing is reassociated), so NaN and inf pass through as IEEE says.
+@njit(parallel=True, cache=True)
 def nhwc_pad(xp, x, pad):
     """xp (N, H + 2 pad, (W + 2 pad) C) <- x (N, C, H, W) as NHWC with a zero border; prange over padded rows."""
     N, C, H, W = x.shape
@@ -437,7 +438,7 @@ def nhwc_pad(xp, x, pad):
             row[:] = 0.0
 
 
-@njit(fastmath=True, parallel=True, cache=True)
+@njit(parallel=True, cache=True)
 def im2row(colT, xp, C, R, S, stride, P, Q):
     """colT (N P Q, R S C) <- each output pixel's window from the padded NHWC xp: R copies of S C floats."""
     N = xp.shape[0]
@@ -455,7 +456,7 @@ def im2row(colT, xp, C, R, S, stride, P, Q):
                     d[i] = src[i]
 
 
-@njit(fastmath=True, parallel=True, cache=True)
+@njit(parallel=True, cache=True)
 def nkp_from_npk(y, yt):
     """y (N, K, PQ) <- yt (N PQ, K): the GEMM's pixel-major rows back to channels-first, in tiles of 16 pixels
     (16 rows of yt in L1, 16 contiguous floats written per channel); prange over (n, tile)."""
@@ -471,7 +472,7 @@ def nkp_from_npk(y, yt):
                 dst[i] = yt[n * PQ + i, k]
 
 
-@njit(fastmath=True, parallel=True, cache=True)
+@njit(parallel=True, cache=True)
 def npk_from_nkp(yt, y):
     """yt (N PQ, K) <- y (N, K, PQ), the inverse of nkp_from_npk; prange over pixel rows."""
     N, K, PQ = y.shape
@@ -536,7 +537,7 @@ def dw_im2row_cpu(dw, x, dy, R, S, stride, pad):
     dw[...] = dwt.reshape(R, S, C, K).transpose(3, 2, 0, 1)
 
 
-@njit(fastmath=True, parallel=True, cache=True)
+@njit(parallel=True, cache=True)
 def row2im(dxp, dcolT, C, R, S, stride, P, Q):
     """dxp (N, Hp, Wp C) <- the sum of every pixel's R S C gradient row at its window (col2im, NHWC).
     Race-free without atomics: a task owns one padded input row (n, hp) and gathers the (p, r) pairs with
@@ -559,7 +560,7 @@ def row2im(dxp, dcolT, C, R, S, stride, P, Q):
                             d[i] += src[i]
 
 
-@njit(fastmath=True, parallel=True, cache=True)
+@njit(parallel=True, cache=True)
 def nchw_from_nhwc_pad(dx, dxp, pad):
     """dx (N, C, H, W) <- the interior of the padded NHWC dxp; prange over (n, c) planes."""
     N, C, H, W = dx.shape
@@ -593,7 +594,7 @@ def dx_gemm_cpu(dx, dy, w, H, W, stride, pad):
     nchw_from_nhwc_pad(dx, dxp, pad)
 
 
-@njit(fastmath=True, parallel=True, cache=True)
+@njit(parallel=True, cache=True)
 def nlc_pad(xp, x, pad):
     """xp (N, (L + 2 pad) C) <- x (N, C, L) as NLC with zeros at both ends; prange over (n, position)."""
     N, C, L = x.shape
