@@ -113,6 +113,73 @@ def test_quantizers_bit_exact_on_edge_blocks(op):
             np.testing.assert_array_equal(out[0], ref[0], err_msg=v.key)
 
 
+def _many_values(rng, shape):
+    """Values with few significant bits at many scales, so that x * (1/d) often lands exactly on .5 (roundf's
+    ties) and on integers, plus blocks whose scale is subnormal (1/d overflows) or near float32's maximum."""
+    X = (rng.integers(-2**20, 2**20, shape) / 2.0 ** rng.integers(0, 14, shape)).astype(np.float32)
+    X[:, :32] = np.r_[[-3.0, 3.0], np.arange(30) - 12.5]
+    X[1, :32] = 0.0
+    X[2, 32:64] = 1e-38
+    X[3, 64:96] = -3e38
+    return X
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_fused_cpu_rungs_bit_exact_on_many_values(fmt):
+    """Rung 3 (fused: in-kernel fp16 scales, integer amax, float32 roundf) against the float32 reference on
+    ~half a million values, and its dequantize against the reference on random bytes (every int8/nibble)."""
+    rng = np.random.default_rng(36)
+    X = _many_values(rng, (128, 4096))
+    ref = q.QUANT[fmt](X)
+    out = np.full_like(ref, 0xA5)
+    getattr(q, f"{fmt}_quantize_fused")(out, X)
+    np.testing.assert_array_equal(out, ref)
+    b = rng.integers(0, 256, ref.shape, dtype=np.uint8)
+    d = rng.choice([0.0, -0.0, 6e-8, -3e-5, 1e-3, -0.25, 7.0, 6.5e4], size=(ref.shape[0], ref.shape[1] // q.FORMATS[fmt]))
+    b.reshape(ref.shape[0], -1, q.FORMATS[fmt])[..., 0:2] = d.astype(np.float16)[..., None].view(np.uint8)
+    y = np.full(X.shape, np.nan, np.float32)
+    getattr(q, f"{fmt}_dequantize_fused")(y, b)
+    np.testing.assert_array_equal(y, q.DEQUANT[fmt](b).astype(np.float32))
+
+
+def test_fp16_bit_helpers_exact():
+    """The fused rungs' fp16 conversions: every one of the 65,536 fp16 patterns decodes as NumPy's astype does
+    (signed zeros, subnormals, inf, NaN), and float32 -> fp16 rounds as NumPy does on random bit patterns, on
+    values around fp16's range and on the halfway cases."""
+    from kernels_src.compiler import njit
+
+    @njit
+    def enc(out, x):
+        for i in range(x.size):
+            out[i] = q._f16_bits(x[i])
+
+    @njit
+    def dec(out, b):
+        for i in range(out.size):
+            out[i] = q._f16_value(b[2 * i], b[2 * i + 1])
+
+    halfs = np.arange(65536, dtype=np.uint16)
+    got = np.empty(65536, np.float32)
+    dec(got, halfs.view(np.uint8))
+    want = halfs.view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
+    assert np.isnan(got[np.isnan(want)]).all()
+    rng = np.random.default_rng(11)
+    with np.errstate(invalid="ignore"):  # inf + NaN neighbours: dropped below
+        mids = (halfs[:-1].view(np.float16).astype(np.float64) + halfs[1:].view(np.float16).astype(np.float64)) / 2
+    x = np.concatenate([rng.integers(0, 2**32, 400_000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                        (rng.standard_normal(200_000) * 10.0 ** rng.integers(-9, 6, 200_000)).astype(np.float32),
+                        mids[np.isfinite(mids)].astype(np.float32),
+                        np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65519.996, 65520, 2.98e-8, 2.99e-8], np.float32)])
+    h = np.empty(x.size, np.int32)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16).astype(np.int32)
+    fin = ~np.isnan(x)
+    enc(h, x)
+    np.testing.assert_array_equal(h[fin], want[fin])
+    assert (((h[~fin] >> 10) & 31) == 31).all() and (h[~fin] & 0x3FF).all()  # NaN stays NaN
+
+
 def test_int8_schemes_and_outliers():
     rng = np.random.default_rng(1)
     w = q.outlier_weights((64, 256), rng, outlier_frac=0.002, outlier_scale=50.0)

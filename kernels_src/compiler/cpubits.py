@@ -30,6 +30,18 @@ def float32_from_bits(typingctx, i):
     return types.float32(i), codegen
 
 
+@intrinsic
+def float32_bits(typingctx, x):
+    """The IEEE-754 bits of the float32 ``x`` as an int32 (a bit cast, the inverse of ``float32_from_bits``)."""
+    if not isinstance(x, types.Float) or x.bitwidth != 32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.int32(x), codegen
+
+
 def cpu_dispatcher_type():
     """The class of an ``@njit`` function (Numba's CPU dispatcher), for tools that look at compiled code."""
     from numba.core.registry import CPUDispatcher

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from ..compiler import cuda, float32, float64, int32, njit, prange
+from ..compiler import cuda, float32, float32_bits, float32_from_bits, float64, int32, njit, prange
 
 from ..paths import BENCH_DATA
 from .. import device
@@ -553,6 +553,165 @@ def q8_0_dequantize_prange(out, Xq):
 def q4_0_dequantize_prange(out, Xq):
     """Rung 1's loop with its rows over the cores: predict ~2x rung 1 on 2 cores."""
     _q4_0_dequant_prange(out, Xq, _scales(Xq, 18).astype(np.float32))
+
+
+# ------------------------------------------------ CPU rung 3 (issue 36): one pass, SIMD, still bit-exact
+# `kernels asm` and a profile of rung 2 show three costs besides the bytes: (1) the fp16 scales go through NumPy
+# passes around the kernel (a strided copy of the scale bytes and an astype to float32 before a dequantize; a
+# float32 array, an astype to fp16 and a strided write into the blocks after a quantize), each a pass over
+# M*K/32 scales at NumPy speed; (2) Q8_0's roundf is scalar float64 (floor, compare, two conversions per value);
+# (3) the block's amax is a chain of scalar compares. Rung 3:
+#   * converts the scales inside the kernel, one per 32 values, with integer bit operations (_f16_bits,
+#     _f16_value): round to nearest even, as NumPy's astype(float16), and exact the other way;
+#   * takes the amax from the bits: |x| is x's int32 bits with the sign bit cleared, and for non-negative floats
+#     integer order is float order (NaN's bits lie above inf's, so a NaN still wins, as in np.max). An integer
+#     max reduction vectorizes without fast-math flags (vpmaxsd);
+#   * does Q8_0's roundf in float32: t = trunc(v), f = v - t is exact (same binade), and q = t + (f >= 0.5) -
+#     (f <= -0.5) is round-half-away-from-zero bit for bit, on packed registers (vcvttps2dq, vsubps, vcmpps);
+#     (an infinite v, from a scale whose inverse overflows, keeps the reference's cast result, byte 0).
+#   * indexes 1-D views of one row and one block (xr[c:c+32]): with `X[m, c + j]` Numba's negative-index check
+#     made LLVM compute every address and gather (vpgatherqd); a loop index from range() over a view needs none.
+@njit(cache=True, inline="always")
+def _f16_bits(x):
+    """float32 -> fp16 bit pattern (int32), round to nearest even; overflow -> inf; NaN -> a quiet NaN with
+    the top mantissa bits kept (NumPy's rule). Integer operations only (F. Giesen's float_to_half_rtne)."""
+    u = np.int32(float32_bits(x))
+    sign = (u >> 16) & 0x8000
+    u = u & 0x7FFFFFFF
+    if u >= 0x7F800000:  # inf or NaN
+        h = 0x7C00 + ((u & 0x7FFFFF) >> 13)
+        if u > 0x7F800000 and h == 0x7C00:
+            h = 0x7C01
+    elif u >= 0x477FF000:  # rounds to >= 65520: inf
+        h = 0x7C00
+    elif u < 0x38800000:  # below 2^-14: an fp16 subnormal; adding 0.5 rounds at 2^-24 (fp16's last bit), RNE
+        h = np.int32(float32_bits(float32_from_bits(u) + np.float32(0.5))) - 0x3F000000
+    else:  # normal: rebias the exponent (-112 << 23), add half an fp16 ulp - 1 + the odd bit (ties to even)
+        h = (u + np.int32(-0x37FFF001) + ((u >> 13) & 1)) >> 13
+    return np.int32(h | sign)
+
+
+@njit(cache=True, inline="always")
+def _f16_value(lo, hi):
+    """The fp16 whose little-endian bytes are lo, hi -> float32, exactly (subnormals, inf, NaN included)."""
+    h = np.int32(lo) | (np.int32(hi) << 8)
+    sign = (h & 0x8000) << 16
+    e = (h >> 10) & 0x1F
+    mnt = h & 0x3FF
+    if e == 0:  # zero or subnormal: mnt * 2^-24, exact in float32
+        v = np.float32(mnt) * np.float32(5.960464477539063e-08)
+        return float32_from_bits(np.int32(float32_bits(v)) | sign)
+    if e == 31:
+        return float32_from_bits(sign | 0x7F800000 | (mnt << 13))
+    return float32_from_bits(sign | ((e + 112) << 23) | (mnt << 13))
+
+
+@njit(cache=True, parallel=True)
+def _q8_0_quantize_fused(out, X, Xi, qk):
+    M, K = X.shape
+    half = np.float32(0.5)
+    one = np.float32(1.0)
+    mask = np.int32(0x7FFFFFFF)
+    for m in prange(M):
+        for b in range(K // QK):
+            c = b * QK
+            a = np.int32(0)
+            for j in range(c, c + qk):  # integer max of the |x| bits: packed vpmaxsd (qk = 32, passed in)
+                a = max(a, np.int32(Xi[m, j] & mask))
+            d = float32_from_bits(a) / np.float32(127.0)
+            idv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            o = b * 34
+            h = _f16_bits(d)
+            out[m, o] = np.uint8(h & 0xFF)
+            out[m, o + 1] = np.uint8((h >> 8) & 0xFF)
+            for j in range(QK):
+                v = X[m, c + j] * idv  # float32, as GGML
+                t = np.int32(v)  # truncation toward zero
+                f = v - np.float32(t)  # exact; inf or NaN when v is (then t is 0x80000000, whose low byte 0 is
+                up = np.int32((f >= half) & (f < one))  # what the reference's cast gives, so f must not move it)
+                out[m, o + 2 + j] = np.uint8((t + up - np.int32((f <= -half) & (f > -one))) & 0xFF)
+
+
+@njit(cache=True, parallel=True)
+def _q4_0_quantize_fused(out, X):
+    M, K = X.shape
+    for m in prange(M):
+        for b in range(K // QK):
+            amax = np.float32(0.0)
+            mx = np.float32(0.0)
+            for j in range(QK):
+                v = X[m, b * QK + j]
+                if amax < abs(v):  # strict: the first of equal magnitudes wins, as in GGML
+                    amax = abs(v)
+                    mx = v
+            d = mx / np.float32(-8.0)
+            idv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            o = b * 18
+            h = _f16_bits(d)
+            out[m, o] = np.uint8(h & 0xFF)
+            out[m, o + 1] = np.uint8((h >> 8) & 0xFF)
+            for j in range(16):
+                v0 = X[m, b * QK + j] * idv + np.float32(8.5)  # float32 multiply, float32 add (no FMA)
+                v1 = X[m, b * QK + 16 + j] * idv + np.float32(8.5)
+                q0 = min(15, int(v0))  # int() truncates toward zero, like (int8_t)
+                q1 = min(15, int(v1))
+                out[m, o + 2 + j] = q0 | (q1 << 4)
+
+
+@njit(cache=True, parallel=True)
+def _q8_0_dequant_fused(out, Xq, qs, qk):
+    M, K = out.shape
+    for m in prange(M):
+        for b in range(K // QK):
+            o, c = b * 34, b * QK
+            d = _f16_value(Xq[m, o], Xq[m, o + 1])
+            for j in range(qk):  # int8 -> float32 (vpmovsxbd, vcvtdq2ps) and one multiply; qk = 32, passed in
+                out[m, c + j] = np.float32(qs[m, o + 2 + j]) * d
+
+
+@njit(cache=True, parallel=True)
+def _q4_0_dequant_fused(out, Xq, hq):
+    M, K = out.shape
+    for m in prange(M):
+        for b in range(K // QK):
+            o, c = b * 18, b * QK
+            d = _f16_value(Xq[m, o], Xq[m, o + 1])
+            for j in range(hq):  # 16 bytes -> 32 floats: the low nibbles, then the high ones; hq = 16, passed in
+                byte = np.int32(Xq[m, o + 2 + j])
+                out[m, c + j] = np.float32((byte & 0x0F) - 8) * d
+                out[m, c + 16 + j] = np.float32((byte >> 4) - 8) * d
+
+
+@register("q8_0_quantize", "cpu", "fused", rung=3, dtypes=("float32",))
+def q8_0_quantize_fused(out, X):
+    """One pass, on packed registers, bit-exact (issue 36): the fp16 scale rounded and stored inside the kernel
+    (rung 2 had three NumPy passes over the scales after it), the block's amax as an integer max of the |x|
+    bits, roundf as trunc plus a comparison of the exact fraction with 0.5 in float32. `kernels asm`: rung 2's
+    scalar roundf and compares become zmm vpmaxsd, vcvttps2dq, vcmpps. Predict >= 2x rung 2."""
+    _q8_0_quantize_fused(out, X, X.view(np.int32), QK)
+
+
+@register("q4_0_quantize", "cpu", "fused", rung=3)
+def q4_0_quantize_fused(out, X):
+    """One pass, bit-exact (issue 36): the fp16 scale rounded and stored inside the kernel, amax from the bits
+    (integer max), GGML's first-wins signed max found by a short scan for those bits. Its float32
+    x*(1/d) + 8.5 and truncation were already cheap in rung 2; predict the NumPy scale passes saved (~1.5x)."""
+    _q4_0_quantize_fused(out, X)
+
+
+@register("q8_0_dequantize", "cpu", "fused", rung=3)
+def q8_0_dequantize_fused(out, Xq):
+    """One pass (issue 36): each block's fp16 scale decoded in the kernel from its two bytes (integer bit
+    operations), where rung 2 first copied the strided scale bytes out and converted them with NumPy: two
+    extra passes. The 32-value loop is packed int8 -> float32 converts and multiplies. Predict >= 1.5x rung 2."""
+    _q8_0_dequant_fused(out, Xq, Xq.view(np.int8), QK)
+
+
+@register("q4_0_dequantize", "cpu", "fused", rung=3)
+def q4_0_dequantize_fused(out, Xq):
+    """One pass (issue 36): the fp16 scale decoded in the kernel, the 16 bytes unpacked to 32 floats with
+    masks and shifts on packed registers. Predict >= 1.5x rung 2 (its NumPy scale passes gone)."""
+    _q4_0_dequant_fused(out, Xq, QK // 2)
 
 
 # ---------------------------------------------------------------------------- CPU GEMV
