@@ -499,9 +499,10 @@ def conv2d_im2row_cpu(y, x, w, stride, pad):
     x is copied once to zero-padded NHWC (no bounds tests after that), every pixel's window becomes a row of R
     contiguous S C runs (vectorised copies, prange over rows of pixels), then ONE call of chapter 5's GEMM with
     N P Q = 6272 rows (98 blocks of 64 for the cores, where rung 3 gave each core whole images and a 64-row
-    GEMM), and a parallel transpose back to NCHW. Predicted (2-core Xeon): the GEMM at gemm's packed_par rate
-    (~200 GFLOP/s at 1024^3: 0.46 GFLOP in ~2.3 ms) plus the 14 MB im2row matrix written and read (~0.6 ms at
-    the copy's 49.5 GB/s): ~3 ms, about NumPy's im2col + BLAS."""
+    GEMM), and a parallel transpose back to NCHW. Predicted (2-core Xeon): the GEMM at gemm_cpu_best's 1024^3
+    rate (~200 GFLOP/s for packed_par: 0.46 GFLOP in ~2.3 ms) plus the 14 MB im2row matrix written and read
+    and the two 1.6 MB transposes (~0.7 ms at the copy's 49.5 GB/s): ~3 ms, about NumPy's im2col + BLAS.
+    kernels asm: the copies have no scalar FP (vector moves), all FMAs are in the GEMM's micro-kernel."""
     check_args(x, w, stride, pad)
     N, C, H, W = x.shape
     K, _, R, S = w.shape
