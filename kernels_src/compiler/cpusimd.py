@@ -15,6 +15,7 @@ registers spills: rungs that use these say ``requires=`` AVX-512).
     vfma16(a, b, c)      a * b + c, one fused multiply-add per lane (``vfmadd231ps``)
     vadd16(a, b)         a + b
     vzero16()            16 zeros
+    prefetchw(a, i)      start fetching the cache line of a[i] for a coming store (a hint; never faults)
 
 No bounds are checked (like the intrinsics of C): the caller guarantees ``0 <= i`` and ``i + 16 <= len(a)``.
 """
@@ -123,6 +124,25 @@ def vadd16(typingctx, a, b):
         return builder.fadd(args[0], args[1])
 
     return f32x16(a, b), codegen
+
+
+@intrinsic
+def prefetchw(typingctx, a, i):
+    """Ask for the cache line holding a[i], to be written soon (``prefetchw``): the line is on its way while
+    other work runs, instead of a miss at the store. A hint only: it never faults and changes no value."""
+    if not (_is_f32_array(a) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = builder.bitcast(cgutils.gep(builder, ary.data, args[1]), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(a, i), codegen
 
 
 @intrinsic

@@ -18,7 +18,7 @@ Ladder (each rung changes one thing)
   cpu/packed         rung 7    A and B packed into 4-row / 6-column slivers, 4x6 micro-kernel (24 sums in ymm registers)
   cpu/packed_par     rung 8    rung 7 with 64-row blocks of C spread over cores with prange
   cpu/zmm_par        rung 9    the BLAS form: broadcast A, 8x32 tile of C in 16 zmm registers (16-float vectors from
-                               the compiler door), 256-deep packed slivers, row blocks over cores (needs AVX-512)
+                               the compiler door), 1024-deep packed slivers, row blocks over cores (needs AVX-512)
   cpu/torch          baseline  torch.matmul on the CPU, same thread count (needs torch)
   gpu/cublas         baseline  cuBLAS SGEMM through torch, TF32 off (needs torch and a GPU)
   gpu/naive          rung 1    one thread per C element, threadIdx.x -> row: a warp reads 32 rows of A
@@ -43,8 +43,8 @@ stays in registers.
 from __future__ import annotations
 
 import numpy as np
-from ..compiler import (cuda, float32, get_num_threads, load4, njit, prange, store4, vadd16, vfma16, vload16,
-                        vsplat16, vstore16, vzero16, zmm_kernels)
+from ..compiler import (cuda, float32, get_num_threads, load4, njit, prange, prefetchw, store4, vadd16, vfma16,
+                        vload16, vsplat16, vstore16, vzero16, zmm_kernels)
 
 from .. import device
 from ..device import ceil_div
@@ -604,8 +604,12 @@ def gemm_packed_par(C, A, B):
 # (a local array lives in memory), so this rung takes 16-float vectors from the compiler door (cpusimd.py:
 # vload16, vsplat16, vfma16, the intrinsics of C's <immintrin.h> in Numba form).
 ZMR, ZNR = 8, 32  # register tile of C: 8 rows x 32 columns = 16 zmm accumulators (+ 2 of B + 1 broadcast)
-ZKC = 256  # depth of a packed block: the B sliver (256 x 32 floats = 32 KiB) stays in L1 (48 KiB) with an A sliver (8 KiB)
-ZMC = 128  # rows of C per task at most: the packed A block (128 x 256 floats = 128 KiB) stays in L2 (2 MiB)
+ZKC = 1024  # depth of a packed block: a B sliver (1024 x 32 floats = 128 KiB) and the task's A block stay in L2
+ZMC = 64  # rows of C per task at most: the packed A block (64 x 1024 floats = 256 KiB) stays in L2 (2 MiB)
+# Why so deep, when BLIS sizes KC for a B sliver in L1? Measured (1 thread, CPU time, 1024^3, vs NumPy in the same
+# process): KC = 256 / 512 / 1024 / 2048 gave 0.75 / 0.79 / 0.82 / 0.82 of OpenBLAS. Each K block ends with a
+# read-add-write of C, whose rows are 4 KiB apart (same L1 sets) and had left L2 by the next block; the broadcast
+# form's loads (2 vectors of B + 8 floats of A per 16 FMAs) are few enough to come from L2 instead of L1.
 
 
 @njit(fastmath=True, cache=True)
@@ -641,6 +645,12 @@ def _micro_8x32(C, a, b, kc, i, j, add, tile):
     16 zmm accumulators: 16 x 16 x 2 = 512 FLOPs per step for 10 loads. The first K block stores (``add``
     False), later ones add. A tile that sticks out of C goes through ``tile`` and only its inside is added.
     """
+    M, N = C.shape
+    whole = i + ZMR <= M and j + ZNR <= N
+    if whole:  # the 16 cache lines of this C tile start on their way now, not at the stores (rows 4 KiB apart
+        for r in range(ZMR):  # share L1 sets and miss): prefetchw is a hint, it never faults
+            prefetchw(C[i + r], j)
+            prefetchw(C[i + r], j + 16)
     c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = vzero16()
     c40 = c41 = c50 = c51 = c60 = c61 = c70 = c71 = vzero16()
     for k in range(kc):
@@ -670,8 +680,7 @@ def _micro_8x32(C, a, b, kc, i, j, add, tile):
         x = vsplat16(a[k * ZMR + 7])
         c70 = vfma16(x, b0, c70)
         c71 = vfma16(x, b1, c71)
-    M, N = C.shape
-    if i + ZMR <= M and j + ZNR <= N:  # a whole tile: 16 vector stores (or load-add-stores) straight into C
+    if whole:  # a whole tile: 16 vector stores (or load-add-stores) straight into C
         if add:
             c00 = vadd16(c00, vload16(C[i], j))
             c01 = vadd16(c01, vload16(C[i], j + 16))
@@ -748,9 +757,9 @@ def _zmm_rows(C, A, Bp, Ap, tile, i0, i1):
                 else:
                     for p in range(kc):
                         dst[p * ZMR + r] = 0.0
-        for sj in range(Bp.shape[1]):  # one B sliver (32 KiB) stays in L1 ...
+        for sj in range(Bp.shape[1]):  # one B sliver (128 KiB) stays in L2 (and its current rows in L1) ...
             b = Bp[kb, sj]
-            for si in range(na):  # ... while the A slivers (8 KiB each) stream past it from L2
+            for si in range(na):  # ... while the A slivers (32 KiB each) of this task's block stream past it
                 _micro_8x32(C, Ap[si], b, kc, i0 + si * ZMR, sj * ZNR, kb > 0, tile)
 
 
@@ -793,12 +802,14 @@ def gemm_zmm_par(C, A, B):
 
     Each step of k is 2 vector loads of B, 8 broadcasts of A and 16 FMAs on 512-bit registers into an 8 x 32
     tile of C kept in registers (no folding of partial sums, unlike rungs 5-8); B is packed in 32-column
-    slivers (256 deep: 32 KiB, kept in L1), A in 8-row slivers per task; tasks are row blocks of C, at least
-    two per thread. Measured with a register-only FMA loop, a core here does 2 zmm FMAs per cycle (about
-    7 G FMAs/s, 225 GFLOP/s); the micro-kernel alone, on L1-resident slivers, ran at ~92 % of that.
-    Predicted: ~80 % of the 2-core peak with packing and L2 traffic, ~350 GFLOP/s at 1024^3, on a par with
-    OpenBLAS (whose kernel has the same shape). Needs AVX-512 (``requires=``): on AVX2 each 16-float vector
-    is two ymm registers and the tile would spill, so rung 8 stays the best there."""
+    slivers (1024 deep), A in 8-row slivers per task; tasks are row blocks of C (64 rows, fewer where that
+    leaves a thread fewer than two tasks). A register-only FMA loop (``kernels_src.tools.fmapeak``) measures
+    2 zmm FMAs per cycle per core here, about 7 G FMAs/s = 225 GFLOP/s a core; the micro-kernel alone on
+    L1-resident slivers ran at ~92 % of that. Predicted: 75-85 % of the core's peak once packing and L2
+    traffic are paid, about OpenBLAS's own fraction: 0.8-1.0x numpy.matmul, against rung 8's 0.6x.
+    Measured A/B (1 thread, CPU time, one process, 1024^3, busy shared machine): 0.82x OpenBLAS, rung 7
+    0.59x. Needs AVX-512 (``requires=``): on AVX2 each 16-float vector is two ymm registers and the tile
+    would spill, so rung 8 stays the best there."""
     gemm_zmm_into(C, A, B)
 
 
