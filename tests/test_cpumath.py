@@ -172,11 +172,37 @@ def test_gelu_f32_bound_rejects_a_wrong_constant():
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="counts x86-64 SIMD instructions")
-def test_gelu_rung5_compiles_to_fewer_packed_instructions_than_rung4():
+def test_exp2_rungs_compile_to_fewer_packed_instructions_than_the_rung_before():
     from kernels_src.tools.asm import variant_asm
 
-    for op in ("gelu", "gelu_bwd"):
-        old = variant_asm(op, "simd_as")["total"]
+    for op, before in (("gelu", "simd_as"), ("gelu_bwd", "simd_as"), ("silu", "simd_nonpos"),
+                       ("gelu_tanh_bwd", "simd"), ("bias_gelu", "simd")):
+        old = variant_asm(op, before)["total"]
         new = variant_asm(op, "simd_exp2")["total"]
         assert not new["calls"], new["calls"]
         assert 0 < new["packed_fp_total"] < old["packed_fp_total"], (op, old, new)
+
+
+def test_sigmoid_pair_relative_accuracy_in_both_tails():
+    """cpumath.sigmoid_pair_f32: sigmoid and 1 - sigmoid each within 2 EXP2_MAX_REL_ERR + 2 ulp + |z| 6e-8 relative wherever the
+    value is above 1e-30 (u = 0 past |z| = 69.3: then exactly 1 and 0); NaN in, NaN out."""
+    from kernels_src.compiler import njit
+
+    @njit(error_model="numpy")
+    def pairs(s, c, z):
+        for i in range(z.size):
+            s[i], c[i] = cpumath.sigmoid_pair_f32(z[i])
+
+    z = np.concatenate([np.linspace(-80, 80, 400_001, dtype=np.float32), np.float32([np.nan, np.inf, -np.inf])])
+    s, c = np.full_like(z, 7.0), np.full_like(z, 7.0)  # poisoned
+    pairs(s, c, z)
+    zd = z[:-3].astype(np.float64)
+    rs, rc = 1 / (1 + np.exp(-zd)), 1 / (1 + np.exp(zd))
+    for got, ref in ((s[:-3], rs), (c[:-3], rc)):
+        ok = ref >= 1e-30  # 2^w is 0 below w = -100 (2^-100 = 7.9e-31): |z| > 69.3
+        rel = np.abs(got[ok] - ref[ok]) / ref[ok]
+        bound = 2 * cpumath.EXP2_MAX_REL_ERR + 2.4e-7 + 6e-8 * np.abs(zd[ok])  # + the rounding of z log2 e
+        assert np.all(rel <= bound), (rel / bound).max()
+        assert np.all(np.abs(got[~ok] - ref[~ok]) <= 1e-30)
+    assert np.isnan(s[-3]) and np.isnan(c[-3])
+    assert (s[-2], c[-2], s[-1], c[-1]) == (1.0, 0.0, 0.0, 1.0)
