@@ -201,7 +201,7 @@ def test_gemm_rungs_match_the_float64_oracles(size):
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=_tol(C * R * S))
     dy = rng.standard_normal(ref.shape).astype(np.float32)
     dw = poison(np.empty_like(w))
-    conv.dw_im2row_cpu(dw, x, dy, R, S, stride, pad)
+    conv.dw_im2col_cpu(dw, x, dy, R, S, stride, pad)
     np.testing.assert_allclose(dw, conv.reference_dw(x, dy, R, S, stride, pad), rtol=1e-5,
                                atol=_tol(N * ref.shape[2] * ref.shape[3]))
     dx = poison(np.empty_like(x))

@@ -516,26 +516,56 @@ def conv2d_im2row_cpu(y, x, w, stride, pad):
     nkp_from_npk(y.reshape(N, K, P * Q), yt)
 
 
-@register("conv2d_bwd_dw", "cpu", "im2row_gemm", rung=2)
-def dw_im2row_cpu(dw, x, dy, R, S, stride, pad):
-    """dW as one GEMM: dW^T (R S C, K) = im2row^T (R S C, N P Q) @ dY^T (N P Q, K).
+@njit(parallel=True, cache=True)
+def im2col_rows(col, x, R, S, stride, pad, P, Q):
+    """col (C R S, N P Q) <- NCHW im2col, rows in w's (c, r, s) order: for each (row, image) task the P runs of
+    Q columns are copies of a strided run of one row of x, zeros where the tap falls in the padding."""
+    N, C, H, W = x.shape
+    RS = R * S
+    for t in prange(C * RS * N):
+        row = t // N
+        n = t - row * N
+        c = row // RS
+        r = (row // S) % R
+        s = row % S
+        q0 = 0  # first q whose tap column is inside x, q1 one past the last
+        while q0 < Q and q0 * stride - pad + s < 0:
+            q0 += 1
+        q1 = Q
+        while q1 > q0 and (q1 - 1) * stride - pad + s >= W:
+            q1 -= 1
+        for p in range(P):
+            dst = col[row, (n * P + p) * Q:(n * P + p + 1) * Q]
+            h = p * stride - pad + r
+            if 0 <= h < H:
+                src = x[n, c, h]
+                dst[:q0] = 0.0
+                for q in range(q0, q1):
+                    dst[q] = src[q * stride - pad + s]
+                dst[q1:] = 0.0
+            else:
+                dst[:] = 0.0
 
-    The same im2row matrix as conv2d's rung 4, read transposed (the GEMM's packing gathers its columns: one
-    strided pass), and dY moved to pixel-major rows (a parallel transpose, 1.6 MB). The GEMM's rows are the
-    R S C = 576 weights (9 blocks of 64 for 2 cores: 5 against 4) and its depth the 6272 pixels. Predicted: the
-    GEMM's ~2.3 ms plus ~1 ms of copies: about NumPy's im2col + BLAS, 15x rung 1 (whose dw[k, c, r, s] sums
-    walk dy and x with bounds tests)."""
+
+@register("conv2d_bwd_dw", "cpu", "im2col_gemm", rung=2)
+def dw_im2col_cpu(dw, x, dy, R, S, stride, pad):
+    """dW as one GEMM: dW^T (C R S, K) = im2col (C R S, N P Q) @ dY^T (N P Q, K).
+
+    The GEMM's rows are the C R S = 576 weights and its depth the 6272 pixels. The im2col matrix is built in
+    its natural (C R S, N P Q) layout, rows contiguous, because the GEMM packs A row by row: fed the forward's
+    im2row matrix transposed (a strided view) the same GEMM ran ~1.7x slower in an A/B on one thread, its
+    packing gathering one float per cache line. dY goes to pixel-major rows by a parallel transpose (1.6 MB).
+    Predicted: 0.46 GFLOP at gemm_cpu_best's ~200 GFLOP/s (~2.3 ms) plus the 14 MB matrix written and read
+    (~0.6 ms): ~3 ms, NumPy's im2col + BLAS; ~15x rung 1, whose sums walk dy and x with bounds tests."""
     N, C, H, W = x.shape
     K, P, Q = dy.shape[1], dy.shape[2], dy.shape[3]
-    xp = np.empty((N, H + 2 * pad, (W + 2 * pad) * C), np.float32)
-    nhwc_pad(xp, x, pad)
-    colT = np.empty((N * P * Q, R * S * C), np.float32)
-    im2row(colT, xp, C, R, S, stride, P, Q)
+    col = np.empty((C * R * S, N * P * Q), np.float32)
+    im2col_rows(col, x, R, S, stride, pad, P, Q)
     dyt = np.empty((N * P * Q, K), np.float32)
     npk_from_nkp(dyt, dy.reshape(N, K, P * Q))
-    dwt = np.empty((R * S * C, K), np.float32)
-    gemm_cpu_best(dwt, colT.T, dyt)
-    dw[...] = dwt.reshape(R, S, C, K).transpose(3, 2, 0, 1)
+    dwt = np.empty((C * R * S, K), np.float32)
+    gemm_cpu_best(dwt, col, dyt)
+    dw[...] = dwt.T.reshape(K, C, R, S)
 
 
 @njit(parallel=True, cache=True)
