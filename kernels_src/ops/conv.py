@@ -25,6 +25,10 @@ Ladder (conv2d; conv1d has the direct and tiled rungs; dx and dw have their own 
   cpu/direct_par    rung 2    the same loops, (n, k) pairs spread over cores with prange
   cpu/im2col_gemm   rung 3    per image: im2col (prange) into a (CRS, PQ) matrix, then the course's packed
                               CPU GEMM (chapter 5, rung 8) writes y[n] as a (K, PQ) matrix in place
+  cpu/im2row_gemm   rung 4    x to zero-padded NHWC, each output pixel's window as a row (R runs of S C
+                              contiguous floats), ONE gemm_cpu_best call with the N P Q pixels as rows, a
+                              transpose to NCHW (conv1d's rung 2 the same, its im2row matrix a strided view;
+                              dx's gemm_row2im and dw's im2col_gemm are the backward's GEMM rungs)
   gpu/cudnn         baseline  torch's conv2d (cuDNN), TF32 off
   gpu/direct        rung 1    one thread per output, C R S loads of x and of w each
   gpu/tiled         rung 2    a block owns a tile of outputs for KB channels: the input tile plus its halo
