@@ -749,14 +749,13 @@ def _zmm_rows(C, A, Bp, Ap, tile, i0, i1):
         kc = min(ZKC, K - k0)
         for s in range(na):  # pack A[i0:i1, k0:k0+kc]: sliver s holds rows i0+8s..+7, element (p, r) at p*8 + r
             dst = Ap[s]
-            for r in range(ZMR):
-                i = i0 + s * ZMR + r
-                if i < i1:
-                    for p in range(kc):
-                        dst[p * ZMR + r] = A[i, k0 + p]
-                else:
-                    for p in range(kc):
-                        dst[p * ZMR + r] = 0.0
+            ia = i0 + s * ZMR
+            nr = min(ZMR, i1 - ia)
+            for p in range(kc):  # p outer, r inner: 8 short streams if A is row-major, one if it is a transpose
+                for r in range(nr):
+                    dst[p * ZMR + r] = A[ia + r, k0 + p]
+                for r in range(nr, ZMR):
+                    dst[p * ZMR + r] = 0.0
         for sj in range(Bp.shape[1]):  # one B sliver (128 KiB) stays in L2 (and its current rows in L1) ...
             b = Bp[kb, sj]
             for si in range(na):  # ... while the A slivers (32 KiB each) of this task's block stream past it
