@@ -544,8 +544,11 @@ def im2col_rows(col, x, R, S, stride, pad, P, Q):
             if 0 <= h < H:
                 src = x[n, c, h]
                 dst[:q0] = 0.0
-                for q in range(q0, q1):
-                    dst[q] = src[q * stride - pad + s]
+                if stride == 1:  # a contiguous run: a vector copy
+                    dst[q0:q1] = src[q0 - pad + s:q1 - pad + s]
+                else:
+                    for q in range(q0, q1):
+                        dst[q] = src[q * stride - pad + s]
                 dst[q1:] = 0.0
             else:
                 dst[:] = 0.0
