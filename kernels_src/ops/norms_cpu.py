@@ -4,6 +4,7 @@
                            backward: dgamma/dbeta accumulated across rows
   cpu/prange      rung 2   rows split over cores (backward: per-core partial dgamma/dbeta, then summed)
   cpu/simd        rung 3   rung 2 with the row sums allowed to be reassociated, so they vectorize
+  cpu/simd_f32out rung 4   rung 3 with the output pass in float32 (forward): no float64 round trip per element
   cpu/numpy, cpu/torch     the yardsticks a student would reach for (baselines)
 """
 import numpy as np
@@ -131,6 +132,73 @@ def rmsnorm_simd(y, rstd, x, gamma):
     """Rung 2 with the sum of squares reassociated into SIMD partial sums. Predicted: memory-bound, >= 70 %
     of the copy bandwidth."""
     rmsnorm_rows_simd(y, rstd, x, gamma)
+
+
+# Rung 4: rung 3's float64 row sums (cheap: a conversion and an add per 8 elements), but the output pass in float32.
+# Rung 3 writes y = (x - mu) r gamma + beta with mu and r in float64, so every element is converted to float64 and
+# back, and gamma and beta too: kernels asm counts the vcvtps2pd/vcvtpd2ps pairs and twice the packed arithmetic.
+@njit(inline="always", fastmath=REASSOC)
+def _ln_row_f32(y, mean, rstd, x, gamma, beta, i):
+    n = x.shape[1]
+    s = 0.0
+    for j in range(n):
+        s += x[i, j]
+    mu = s / n
+    q = 0.0
+    for j in range(n):
+        d = x[i, j] - mu
+        q += d * d
+    r = 1.0 / np.sqrt(q / n + EPS)
+    mean[i] = mu
+    rstd[i] = r
+    mu32 = np.float32(mu)  # |x - mu32| is as exact as the float32 x itself allows
+    r32 = np.float32(r)
+    for j in range(n):
+        y[i, j] = (x[i, j] - mu32) * (r32 * gamma[j]) + beta[j]  # float32: one sub, one mul, one FMA
+
+
+@njit(inline="always", fastmath=REASSOC)
+def _rms_row_f32(y, rstd, x, gamma, i):
+    n = x.shape[1]
+    q = 0.0
+    for j in range(n):
+        v = np.float64(x[i, j])
+        q += v * v
+    r = 1.0 / np.sqrt(q / n + EPS)
+    rstd[i] = r
+    r32 = np.float32(r)
+    for j in range(n):
+        y[i, j] = x[i, j] * (r32 * gamma[j])
+
+
+@njit(parallel=True, cache=True, fastmath=REASSOC)
+def layernorm_rows_f32(y, mean, rstd, x, gamma, beta):
+    for i in prange(x.shape[0]):
+        _ln_row_f32(y, mean, rstd, x, gamma, beta, i)
+
+
+@njit(parallel=True, cache=True, fastmath=REASSOC)
+def rmsnorm_rows_f32(y, rstd, x, gamma):
+    for i in prange(x.shape[0]):
+        _rms_row_f32(y, rstd, x, gamma, i)
+
+
+@register("layernorm", "cpu", "simd_f32out", rung=4)
+def layernorm_simd_f32out(y, mean, rstd, x, gamma, beta):
+    """Rung 3 with the output pass in float32 (issue 36): the row statistics stay float64 sums, then mu and r
+    are rounded to float32 once per row and y = (x - mu) (r gamma) + beta is one subtraction, one multiply
+    and one FMA per 16 floats, instead of rung 3's conversions of x, gamma and beta to float64 and of y back.
+    kernels asm: 40 packed zmm instructions against rung 3's 168. Predict the output pass ~3x cheaper, so the row ~1.5x faster
+    in cache, closer to the copy bandwidth at 4096 x 4096."""
+    layernorm_rows_f32(y, mean, rstd, x, gamma, beta)
+
+
+@register("rmsnorm", "cpu", "simd_f32out", rung=4)
+def rmsnorm_simd_f32out(y, rstd, x, gamma):
+    """Rung 3 with the output pass in float32 (issue 36): the sum of squares stays float64, r is rounded to
+    float32 once per row and y = x (r gamma) is two multiplies per 16 floats. kernels asm: 20 packed zmm
+    instructions against rung 3's 96. Predict ~1.5x rung 3 in cache."""
+    rmsnorm_rows_f32(y, rstd, x, gamma)
 
 
 @njit(cache=True)
