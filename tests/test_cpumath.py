@@ -184,8 +184,8 @@ def test_exp2_rungs_compile_to_fewer_packed_instructions_than_the_rung_before():
 
 
 def test_sigmoid_pair_relative_accuracy_in_both_tails():
-    """cpumath.sigmoid_pair_f32: sigmoid and 1 - sigmoid each within 2 EXP2_MAX_REL_ERR + 2 ulp + |z| 6e-8 relative wherever the
-    value is above 1e-30 (u = 0 past |z| = 69.3: then exactly 1 and 0); NaN in, NaN out."""
+    """cpumath.sigmoid_pair_f32: sigmoid and 1 - sigmoid each within 2 EXP2_MAX_REL_ERR + 2 ulp + |z| 6e-8 relative
+    wherever the value is above 1e-30 (u = 0 past |z| = 69.3: then exactly 1 and 0); NaN in, NaN out."""
     from kernels_src.compiler import njit
 
     @njit(error_model="numpy")

@@ -174,7 +174,7 @@ def erfc_as_array(out, x):
 X2_0, X2_1, X2_2 = np.float32(1.000000071654657), np.float32(0.6931469670638649), np.float32(0.24022119723933844)
 X2_3, X2_4, X2_5 = np.float32(0.05550713274960299), np.float32(0.009675541330688658), np.float32(0.0013276471519893397)
 EXP2_FLOOR = np.float32(-100.0)
-EXP2_MAX_REL_ERR = 3e-7  # tests/test_cpumath.py measures 2.3e-7 on [-100, 0]: the fit's 7.5e-8 plus the Horner roundings
+EXP2_MAX_REL_ERR = 3e-7  # tests/test_cpumath.py measures 2.3e-7 on [-100, 0]: the fit's 7.5e-8 + Horner roundings
 
 
 @njit(inline="always", error_model="numpy")

@@ -188,8 +188,8 @@ def layernorm_simd_f32out(y, mean, rstd, x, gamma, beta):
     """Rung 3 with the output pass in float32 (issue 36): the row statistics stay float64 sums, then mu and r
     are rounded to float32 once per row and y = (x - mu) (r gamma) + beta is one subtraction, one multiply
     and one FMA per 16 floats, instead of rung 3's conversions of x, gamma and beta to float64 and of y back.
-    kernels asm: 40 packed zmm instructions against rung 3's 168. Predict the output pass ~3x cheaper, so the row ~1.5x faster
-    in cache, closer to the copy bandwidth at 4096 x 4096."""
+    kernels asm: 40 packed zmm instructions against rung 3's 168. Predict the output pass ~3x cheaper, so the
+    row ~1.5x faster in cache, closer to the copy bandwidth at 4096 x 4096."""
     layernorm_rows_f32(y, mean, rstd, x, gamma, beta)
 
 
