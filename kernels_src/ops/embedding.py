@@ -26,7 +26,7 @@ walks the tokens in order, so no two writers meet and there are no atomics.
 import math
 
 import numpy as np
-from ..compiler import cuda, njit, prange
+from ..compiler import cuda, njit, prange, transpose16x16
 
 from ..device import ceil_div
 from ..registry import define_op, register
@@ -258,6 +258,39 @@ def transpose_tiles(Y, X):
     L1 (16 KiB each), so every cache line of X and of Y comes from DRAM once and is used whole. Rung 1's strips
     touch 32 rows of Y per row of X, 512 KiB per strip, and ran at ~9 % of copy; predict >= 70 %."""
     _transpose_tiles(Y, X)
+
+
+@njit(cache=True, parallel=True)
+def _transpose_regs16(Y, X):
+    M, K = X.shape
+    tm = (M + TT - 1) // TT
+    tk = (K + TT - 1) // TT
+    for t in prange(tm * tk):
+        i0 = (t // tk) * TT
+        k0 = (t % tk) * TT
+        i1 = min(M, i0 + TT)
+        k1 = min(K, k0 + TT)
+        i16 = i0 + (i1 - i0) // 16 * 16
+        k16 = k0 + (k1 - k0) // 16 * 16
+        for k in range(k0, k16, 16):  # 16 x 16 blocks in registers: 64-byte row loads and stores
+            for i in range(i0, i16, 16):
+                transpose16x16(Y, X, i, k)
+        for k in range(k16, k1):  # the ragged edges of the tile, one element at a time
+            for i in range(i0, i1):
+                Y[k, i] = X[i, k]
+        for k in range(k0, k16):
+            for i in range(i16, i1):
+                Y[k, i] = X[i, k]
+
+
+@register("transpose", "cpu", "regs16", rung=3)
+def transpose_regs16(Y, X):
+    """Rung 2's 64 x 64 tiles, each moved as 16 x 16 blocks transposed in registers (issue 36): 16 loads of 16
+    floats, 64 two-source shuffles (`kernels asm`: vpermt2ps zmm, 4 per 16 values), 16 stores of 16 floats, so
+    every load and store is a whole 64-byte line where rung 2 moved one float per instruction and read X down a
+    column (one 4-byte load per line touched). On one core in L2 (512 x 512) it measured ~2.5x rung 2; predict
+    the 4096^2 transpose moves from rung 2's ~26 % to >= 50 % of copy (the rest: DRAM pages, both streams)."""
+    _transpose_regs16(Y, X)
 
 
 @njit(cache=True)
