@@ -18,6 +18,9 @@ Ladder (every op)
   cpu/prange  rung 1  rows (tokens, or table columns for the scatter-add) over the cores
   gpu/thread  rung 1  one thread per output element (consecutive threads -> consecutive elements of
                       the output, so writes coalesce; the permutes' reads are strided by D)
+  transpose: cpu/tiles rung 2   64x64 tiles over the cores, each read and written while it sits in L1
+  transpose: cpu/regs16 rung 3  the tiles moved as 16x16 blocks transposed in registers (whole-line loads
+                      and stores, shuffles between them: compiler.transpose16x16)
   transpose: gpu/smem rung 2  32x32 tiles through shared memory (padded to 33 columns: no bank
                       conflicts), so both the reads and the writes coalesce
 The scatter-add is deterministic on both backends: a thread (or core) owns a column of the table and
