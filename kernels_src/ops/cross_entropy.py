@@ -20,6 +20,7 @@ Ladder (forward)
   cpu/online_prange rung 2  one online pass (running max and rescaled sum, chapter 8) with rows over cores
   cpu/simd_prange   rung 3  two walks in SIMD: chapter 8's integer-key max, then the exps (chapter 8's
                             exp_nonpos on cpumath's arithmetic, no libm call) summed in vector lanes
+  cpu/simd_exp2     rung 4  rung 3 with cpumath's cheaper 2^w (exp2_nonpos_f32) for the exps
   cpu/numpy         baseline the NumPy formula: max, log(sum(exp(x - max))), a gather of the target logits
   cpu/torch         baseline F.cross_entropy(reduction="none") for the loss and torch.logsumexp for lse
   gpu/row           rung 1  one block per row: each thread an online (max, sum) over its strided columns,
@@ -42,6 +43,7 @@ from ..registry import define_op, register, sprinkle
 from .reductions import FAST_MATH, NEG_INF, ONE, ZERO
 from .cpu_baselines import torch_cpu, tviews
 from .softmax import CPU_FAST, block_online_smem, exp_nonpos, row_max_simd
+from .cpumath import LOG2E, exp2_nonpos_f32
 
 
 # --------------------------------------------------------------------------------------- reference
@@ -260,6 +262,36 @@ def cross_entropy_simd_prange(loss, lse, logits, targets):
     cores), not by DRAM: ~30 % of copy bandwidth at 4096 x 32768, several times torch (whose
     F.cross_entropy writes a full log_softmax)."""
     _ce_simd_prange(loss, lse, logits, targets)
+
+
+@njit(cache=True, error_model="numpy", parallel=True, fastmath=CPU_FAST)
+def _ce_simd_exp2(loss, lse, x, t):
+    M, V = x.shape
+    for i in prange(M):
+        xr = x[i]
+        m = row_max_simd(xr)
+        s = np.float32(0.0)
+        if m > -np.inf:
+            for j in range(V):  # e^(x - m) = 2^((x - m) log2 e): a subtraction, a multiply and cpumath's 2^w
+                s += exp2_nonpos_f32((xr[j] - m) * LOG2E)
+        ls = np.float64(m) + math.log(np.float64(s)) if s > 0.0 else -np.inf
+        lse[i] = ls
+        if t[i] < 0:
+            loss[i] = 0.0
+        elif ls == -np.inf:
+            loss[i] = np.inf
+        else:
+            loss[i] = ls - np.float64(xr[t[i]])
+
+
+@register("cross_entropy", "cpu", "simd_exp2", rung=4)
+def cross_entropy_simd_exp2(loss, lse, logits, targets):
+    """Rung 3 with cpumath's exp2_nonpos_f32 for the exps (issue 36): (x - m) log2 e, then rint, one
+    subtraction and a degree-5 minimax 2^f, where exp_nonpos has floor(x + 1/2), a two-FMA Cody-Waite step, a
+    degree-7 polynomial and a NaN select. Relative error of each exp <= cpumath.EXP2_MAX_REL_ERR + |x - m| 1.2e-7
+    (the rounding of the product), so ~2e-6 at x - m = -16 and a smaller share of lse: inside the tolerance.
+    Rung 3 is bound by the exp arithmetic of its second walk (from L2); predict ~1.25x rung 3."""
+    _ce_simd_exp2(loss, lse, logits, targets)
 
 
 @register("cross_entropy", "cpu", "numpy", baseline=True)
