@@ -24,6 +24,10 @@ Ladder (every op)
   cpu/prange    rung 2   the same loop split over the cores with prange, still libm
   cpu/simd      rung 3   prange + the same scalar function with math.exp/erfc swapped for cpumath's
                          vectorizable exp_f32/erfc_f32: LLVM emits packed AVX instructions, no call
+  cpu/simd_as   rung 4   exact GELU (and backward): A&S 7.1.26 erfc sharing one exp_nonpos with the density
+  cpu/simd_nonpos rung 4 SiLU (and backward): the sigmoid pair from e^(-|x|), no cancellation
+  cpu/simd_exp2 rung 5   (rung 4 for gelu_tanh(_bwd), swiglu, bias_gelu) cpumath's 2^w for w <= 0 (rint, minimax
+                         2^f), constants folded into its argument; the exact GELU as x/2 + |x| (1/2 - Q(|x|))
   gpu/thread    rung 1   one thread per element calling the same scalar function
   gpu/ilp4      rung 2   four elements per thread, all loads issued first: 4x the bytes in flight
   gpu/vec4      rung 3   VEC4 float4 groups per thread, each read with ONE 16-byte load (kernels_src/vec.py):
