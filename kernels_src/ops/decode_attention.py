@@ -53,6 +53,7 @@ from ..registry import define_op, register
 from .attention_plan import blocks_per_sm, choose_splits
 from .reductions import FAST_MATH, NEG_INF, ONE, ZERO, torch_gpu, torch_view
 from .softmax import _aligned16
+from .cpumath import exp_f32
 
 
 # --------------------------------------------------------------------------------------- reference
@@ -240,6 +241,62 @@ def decode_attention_prange(o, q, k, v, lengths):
     """(batch, kv head) groups spread over the cores; the G query heads of a group run back to back
     on one core, so the group's K and V rows are hot in its cache. Predict ~cores x rung 1."""
     decode_prange(o, q, k, v, lengths)
+
+
+# CPU rung 3 (issue 36). `kernels asm decode_attention` on rung 2 shows llvm.exp.v16f32 in the softmax loop: a
+# vector exp that, without a vector math library, LLVM splits into 16 calls of the C library's expf; and each of
+# the G query heads of a group walks the group's K and V again (a group's K and V at L = 4096 are 4 MiB, twice
+# the L2, so every pass comes back from L3 or DRAM). Rung 3 computes the G heads' scores together, one K row
+# read per step for all G, uses cpumath.exp_f32 (plain arithmetic, vectorized), and sums the V rows for the G
+# heads in one pass over V: K and V are read once per group.
+@njit(inline="always", fastmath=FAST_MATH, error_model="numpy")
+def _decode_group(o, q, k, v, n, b, kh, g, p, tot):
+    d_n = q.shape[2]
+    h0 = kh * g
+    scale = np.float32(1.0 / math.sqrt(d_n))
+    for l in range(n):  # one K row, the G heads' scores
+        for j in range(g):
+            s = np.float32(0.0)
+            for d in range(d_n):
+                s += q[b, h0 + j, d] * k[b, kh, l, d]
+            p[j, l] = s * scale
+    for j in range(g):
+        m = np.float32(-np.inf)
+        for l in range(n):
+            m = max(m, p[j, l])
+        t = np.float32(0.0)
+        for l in range(n):  # exp_f32: packed arithmetic, where np.exp was 16 libm calls per vector
+            e = exp_f32(p[j, l] - m)
+            p[j, l] = e
+            t += e
+        tot[j] = t
+        for d in range(d_n):
+            o[b, h0 + j, d] = 0.0
+    for l in range(n):  # one V row, the G heads' weighted sums
+        for j in range(g):
+            w = p[j, l] / tot[j]
+            for d in range(d_n):
+                o[b, h0 + j, d] += w * v[b, kh, l, d]
+
+
+@njit(parallel=True, cache=False, fastmath=FAST_MATH, error_model="numpy")
+def decode_simd(o, q, k, v, lengths):
+    b_n, hq, _ = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    for bk in prange(b_n * hkv):
+        p = np.empty((g, k.shape[2]), dtype=np.float32)
+        tot = np.empty(g, dtype=np.float32)
+        _decode_group(o, q, k, v, lengths[bk // hkv], bk // hkv, bk % hkv, g, p, tot)
+
+
+@register("decode_attention", "cpu", "simd", rung=3)
+def decode_attention_simd(o, q, k, v, lengths):
+    """Rung 2 with the G query heads of a group computed together and a vectorized exp (issue 36): one pass over
+    the group's K rows for all G scores, cpumath.exp_f32 in place of np.exp (`kernels asm`: no libm call left),
+    one pass over its V rows for all G outputs. K and V are read once per group instead of G = 4 times, from
+    L3 or DRAM at L = 4096: predict >= 2x rung 2 (24 % of copy) and >= 50 % of copy."""
+    decode_simd(o, q, k, v, lengths)
 
 
 @njit(cache=False, fastmath=FAST_MATH, error_model="numpy")
@@ -651,6 +708,31 @@ def kv_append_decode_prange(o, k, v, q, k_new, v_new):
     both serially at ~22 % of copy; predict >= 70 %."""
     append_prange(k, v, k_new, v_new)
     decode_prange(o, q, k, v, np.full(q.shape[0], k.shape[2], dtype=np.int32))
+
+
+@njit(parallel=True, cache=False, fastmath=FAST_MATH, error_model="numpy")
+def append_decode_fused(o, k, v, q, k_new, v_new):
+    b_n, t_n, hkv, d_n = k_new.shape
+    g = q.shape[1] // hkv
+    for bh in prange(b_n * hkv):
+        b = bh // hkv
+        h = bh % hkv
+        for t in range(t_n):  # the group's slab of the cache: T x D floats of K and of V (256 KiB each at T = 512)
+            for d in range(d_n):
+                k[b, h, t, d] = k_new[b, t, h, d]
+                v[b, h, t, d] = v_new[b, t, h, d]
+        p = np.empty((g, t_n), dtype=np.float32)
+        tot = np.empty(g, dtype=np.float32)
+        _decode_group(o, q, k, v, t_n, b, h, g, p, tot)  # ... read back while it is still in this core's L2
+
+
+@register("kv_append_decode", "cpu", "fused", rung=3)
+def kv_append_decode_fused(o, k, v, q, k_new, v_new):
+    """Append and decode in one pass over the (batch, kv head) groups (issue 36): each core writes a group's
+    slab of the cache and runs rung 3 of decode_attention on it at once, so the decode reads K and V from its
+    L2 (512 KiB per group at T = 512) instead of from memory after the whole append, and its exp is
+    vectorized. Rung 2 moved the bytes twice (append, then decode) at 39 % of copy; predict >= 70 %."""
+    append_decode_fused(o, k, v, q, k_new, v_new)
 
 
 # --------------------------------------------------- GPU rungs 3-4: rows per warp, registers only
