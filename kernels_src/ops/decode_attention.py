@@ -19,8 +19,11 @@ n = lengths[b] (``filled_chunk``): the n rows spread over all S splits, and spli
 
 Ladder (decode_attention)
   cpu/loop      rung 1  per (b, query head): scores, max, exp-sum, weighted sum of V rows
-  cpu/prange    rung 2  (b, kv head) pairs over the cores; the G query heads of a group share each
-                        K and V row read
+  cpu/prange    rung 2  (b, kv head) pairs over the cores; the G query heads of a group run back to back
+                        on one core (each walks the group's K and V rows again)
+  cpu/simd      rung 3  the G heads' scores and outputs computed together (one read of each K and V row)
+                        and cpumath.exp_f32 for the softmax; kv_append_decode/cpu/fused decodes each
+                        group's cache slab right after appending it
   gpu/block     rung 1  one block per (b, kv head) loops over all n rows in tiles of 32 (K, V tiles
                         staged in shared memory, an online softmax across tiles)
   gpu/splitk    rung 2  the same block body on a chunk of rows; S chunks so that ~4 blocks per SM run;
