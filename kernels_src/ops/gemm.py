@@ -17,7 +17,7 @@ Ladder (each rung changes one thing)
   cpu/regblock_par   rung 6    rung 5 with row blocks spread over cores with prange
   cpu/packed         rung 7    A and B packed into 4-row / 6-column slivers, 4x6 micro-kernel (24 sums in ymm registers)
   cpu/packed_par     rung 8    rung 7 with 64-row blocks of C spread over cores with prange
-  cpu/zmm_par        rung 9    the BLAS form: broadcast A, 8x32 tile of C in 16 zmm registers (16-float vectors from
+  cpu/zmm_par        rung 9    the BLAS form: broadcast A, 12x32 tile of C in 24 zmm registers (16-float vectors from
                                the compiler door), 1024-deep packed slivers, row blocks over cores (needs AVX-512)
   cpu/torch          baseline  torch.matmul on the CPU, same thread count (needs torch)
   gpu/cublas         baseline  cuBLAS SGEMM through torch, TF32 off (needs torch and a GPU)
@@ -603,11 +603,11 @@ def gemm_packed_par(C, A, B):
 # and the tile grows in the direction of the vector. Numba's scalar code cannot say "a tile of C in registers"
 # (a local array lives in memory), so this rung takes 16-float vectors from the compiler door (cpusimd.py:
 # vload16, vsplat16, vfma16, the intrinsics of C's <immintrin.h> in Numba form).
-ZMR, ZNR = 8, 32  # register tile of C: 8 rows x 32 columns = 16 zmm accumulators (+ 2 of B + 1 broadcast)
+ZMR, ZNR = 12, 32  # register tile of C: 12 rows x 32 columns = 24 zmm accumulators (+ 2 of B + 1 broadcast)
 ZKC = 1024  # depth of a packed block: a B sliver (1024 x 32 floats = 128 KiB) and the task's A block stay in L2
-ZMC = 64  # rows of C per task at most: the packed A block (64 x 1024 floats = 256 KiB) stays in L2 (2 MiB)
+ZMC = 72  # rows of C per task at most: the packed A block (72 x 1024 floats = 288 KiB) stays in L2 (2 MiB)
 # Why so deep, when BLIS sizes KC for a B sliver in L1? Measured (1 thread, CPU time, 1024^3, vs NumPy in the same
-# process): KC = 256 / 512 / 1024 / 2048 gave 0.75 / 0.79 / 0.82 / 0.82 of OpenBLAS. Each K block ends with a
+# process, with the 8 x 32 tile rung 9 had first): KC = 256 / 512 / 1024 / 2048 gave 0.75 / 0.79 / 0.82 / 0.82 of OpenBLAS. Each K block ends with a
 # read-add-write of C, whose rows are 4 KiB apart (same L1 sets) and had left L2 by the next block; the broadcast
 # form's loads (2 vectors of B + 8 floats of A per 16 FMAs) are few enough to come from L2 instead of L1.
 
@@ -638,21 +638,22 @@ def _zpack_b_par(Bp, B):
 
 
 @njit(fastmath=True, cache=True)
-def _micro_8x32(C, a, b, kc, i, j, add, tile):
-    """C[i:i+8, j:j+32] (+)= a @ b over kc steps of k: a (kc * 8,) and b (kc * 32,) packed slivers.
+def _micro_12x32(C, a, b, kc, i, j, add, tile):
+    """C[i:i+12, j:j+32] (+)= a @ b over kc steps of k: a (kc * 12,) and b (kc * 32,) packed slivers.
 
-    Each step loads two vectors of B (32 floats), broadcasts 8 elements of A, and does 16 vector FMAs into
-    16 zmm accumulators: 16 x 16 x 2 = 512 FLOPs per step for 10 loads. The first K block stores (``add``
-    False), later ones add. A tile that sticks out of C goes through ``tile`` and only its inside is added.
+    Each step loads two vectors of B (32 floats), broadcasts 12 elements of A, and does 24 vector FMAs into
+    24 zmm accumulators (row r of the tile is cr0, cr1; 24 + 2 of B + 1 broadcast = 27 of the 32 registers):
+    24 x 16 x 2 = 768 FLOPs per step for 14 loads. The first K block stores (``add`` False), later ones add.
+    A tile that sticks out of C goes through ``tile`` and only its inside is written.
     """
     M, N = C.shape
     whole = i + ZMR <= M and j + ZNR <= N
-    if whole:  # the 16 cache lines of this C tile start on their way now, not at the stores (rows 4 KiB apart
+    if whole:  # the 24 cache lines of this C tile start on their way now, not at the stores (rows 4 KiB apart
         for r in range(ZMR):  # share L1 sets and miss): prefetchw is a hint, it never faults
             prefetchw(C[i + r], j)
             prefetchw(C[i + r], j + 16)
-    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = vzero16()
-    c40 = c41 = c50 = c51 = c60 = c61 = c70 = c71 = vzero16()
+    c00 = c01 = c10 = c11 = c20 = c21 = c30 = c31 = c40 = c41 = c50 = c51 = vzero16()
+    c60 = c61 = c70 = c71 = c80 = c81 = c90 = c91 = ca0 = ca1 = cb0 = cb1 = vzero16()
     for k in range(kc):
         b0 = vload16(b, k * ZNR)
         b1 = vload16(b, k * ZNR + 16)
@@ -680,7 +681,19 @@ def _micro_8x32(C, a, b, kc, i, j, add, tile):
         x = vsplat16(a[k * ZMR + 7])
         c70 = vfma16(x, b0, c70)
         c71 = vfma16(x, b1, c71)
-    if whole:  # a whole tile: 16 vector stores (or load-add-stores) straight into C
+        x = vsplat16(a[k * ZMR + 8])
+        c80 = vfma16(x, b0, c80)
+        c81 = vfma16(x, b1, c81)
+        x = vsplat16(a[k * ZMR + 9])
+        c90 = vfma16(x, b0, c90)
+        c91 = vfma16(x, b1, c91)
+        x = vsplat16(a[k * ZMR + 10])
+        ca0 = vfma16(x, b0, ca0)
+        ca1 = vfma16(x, b1, ca1)
+        x = vsplat16(a[k * ZMR + 11])
+        cb0 = vfma16(x, b0, cb0)
+        cb1 = vfma16(x, b1, cb1)
+    if whole:  # a whole tile: 24 vector stores (or load-add-stores) straight into C
         if add:
             c00 = vadd16(c00, vload16(C[i], j))
             c01 = vadd16(c01, vload16(C[i], j + 16))
@@ -698,6 +711,14 @@ def _micro_8x32(C, a, b, kc, i, j, add, tile):
             c61 = vadd16(c61, vload16(C[i + 6], j + 16))
             c70 = vadd16(c70, vload16(C[i + 7], j))
             c71 = vadd16(c71, vload16(C[i + 7], j + 16))
+            c80 = vadd16(c80, vload16(C[i + 8], j))
+            c81 = vadd16(c81, vload16(C[i + 8], j + 16))
+            c90 = vadd16(c90, vload16(C[i + 9], j))
+            c91 = vadd16(c91, vload16(C[i + 9], j + 16))
+            ca0 = vadd16(ca0, vload16(C[i + 10], j))
+            ca1 = vadd16(ca1, vload16(C[i + 10], j + 16))
+            cb0 = vadd16(cb0, vload16(C[i + 11], j))
+            cb1 = vadd16(cb1, vload16(C[i + 11], j + 16))
         vstore16(C[i], j, c00)
         vstore16(C[i], j + 16, c01)
         vstore16(C[i + 1], j, c10)
@@ -714,6 +735,14 @@ def _micro_8x32(C, a, b, kc, i, j, add, tile):
         vstore16(C[i + 6], j + 16, c61)
         vstore16(C[i + 7], j, c70)
         vstore16(C[i + 7], j + 16, c71)
+        vstore16(C[i + 8], j, c80)
+        vstore16(C[i + 8], j + 16, c81)
+        vstore16(C[i + 9], j, c90)
+        vstore16(C[i + 9], j + 16, c91)
+        vstore16(C[i + 10], j, ca0)
+        vstore16(C[i + 10], j + 16, ca1)
+        vstore16(C[i + 11], j, cb0)
+        vstore16(C[i + 11], j + 16, cb1)
     else:  # the bottom/right edge: the tile goes to a scratch buffer, and only its inside into C
         vstore16(tile, 0, c00)
         vstore16(tile, 16, c01)
@@ -731,6 +760,14 @@ def _micro_8x32(C, a, b, kc, i, j, add, tile):
         vstore16(tile, 208, c61)
         vstore16(tile, 224, c70)
         vstore16(tile, 240, c71)
+        vstore16(tile, 256, c80)
+        vstore16(tile, 272, c81)
+        vstore16(tile, 288, c90)
+        vstore16(tile, 304, c91)
+        vstore16(tile, 320, ca0)
+        vstore16(tile, 336, ca1)
+        vstore16(tile, 352, cb0)
+        vstore16(tile, 368, cb1)
         for r in range(min(ZMR, M - i)):
             for c in range(min(ZNR, N - j)):
                 if add:
@@ -759,12 +796,12 @@ def _zmm_rows(C, A, Bp, Ap, tile, i0, i1):
         for sj in range(Bp.shape[1]):  # one B sliver (128 KiB) stays in L2 (and its current rows in L1) ...
             b = Bp[kb, sj]
             for si in range(na):  # ... while the A slivers (32 KiB each) of this task's block stream past it
-                _micro_8x32(C, Ap[si], b, kc, i0 + si * ZMR, sj * ZNR, kb > 0, tile)
+                _micro_12x32(C, Ap[si], b, kc, i0 + si * ZMR, sj * ZNR, kb > 0, tile)
 
 
 def _zmm_rows_per_task(M, threads):
     """Rows of C per task: at most ZMC, and small enough that every thread gets at least two tasks (the linear
-    layers' dW has only M = 256 rows), in whole 8-row slivers."""
+    layers' dW has only M = 256 rows), in whole 12-row slivers."""
     per = -(-M // (2 * max(threads, 1)))
     return int(max(ZMR, min(ZMC, -(-per // ZMR) * ZMR)))
 
@@ -797,17 +834,18 @@ def gemm_zmm_into(C, A, B):
 
 @register("gemm", "cpu", "zmm_par", rung=9, requires=zmm_kernels)
 def gemm_zmm_par(C, A, B):
-    """The BLAS form: broadcast one element of A, multiply a 32-float row piece of B, 16 zmm accumulators.
+    """The BLAS form: broadcast one element of A, multiply a 32-float row piece of B, 24 zmm accumulators.
 
-    Each step of k is 2 vector loads of B, 8 broadcasts of A and 16 FMAs on 512-bit registers into an 8 x 32
+    Each step of k is 2 vector loads of B, 12 broadcasts of A and 24 FMAs on 512-bit registers into a 12 x 32
     tile of C kept in registers (no folding of partial sums, unlike rungs 5-8); B is packed in 32-column
-    slivers (1024 deep), A in 8-row slivers per task; tasks are row blocks of C (64 rows, fewer where that
-    leaves a thread fewer than two tasks). A register-only FMA loop (``kernels_src.tools.fmapeak``) measures
+    slivers (1024 deep), A in 12-row slivers per task; tasks are row blocks of C (72 rows, fewer where that
+    leaves a thread fewer than two tasks). An 8 x 32 tile (16 accumulators, 10 loads per 16 FMAs) measured
+    0.80x OpenBLAS on one core against 0.9-1.0x for 12 x 32 (1 thread, CPU time, one process). A register-only FMA loop (``kernels_src.tools.fmapeak``) measures
     2 zmm FMAs per cycle per core here, about 7 G FMAs/s = 225 GFLOP/s a core; the micro-kernel alone on
     L1-resident slivers ran at ~92 % of that. Predicted: 75-85 % of the core's peak once packing and L2
     traffic are paid, about OpenBLAS's own fraction: 0.8-1.0x numpy.matmul, against rung 8's 0.6x.
-    Measured A/B (1 thread, CPU time, one process, 1024^3, busy shared machine): 0.82x OpenBLAS, rung 7
-    0.59x. Needs AVX-512 (``requires=``): on AVX2 each 16-float vector is two ymm registers and the tile
+    Measured A/B (1 thread, CPU time, one process, 1024^3, busy shared machine): 0.82-0.94x OpenBLAS, rung 7
+    0.59-0.68x. Needs AVX-512 (``requires=``): on AVX2 each 16-float vector is two ymm registers and the tile
     would spill, so rung 8 stays the best there."""
     gemm_zmm_into(C, A, B)
 
