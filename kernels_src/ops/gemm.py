@@ -622,11 +622,15 @@ def _zpack_b_sliver(Bp, B, kb, s):
     j0 = s * ZNR
     dst = Bp[kb, s]
     w = min(ZNR, N - j0)
-    for p in range(kc):
-        for c in range(w):
-            dst[p * ZNR + c] = B[k0 + p, j0 + c]
-        for c in range(w, ZNR):
-            dst[p * ZNR + c] = 0.0
+    if w == ZNR:  # a whole sliver: one 128-byte row piece of B per step of k (a vector copy when B is row-major)
+        for p in range(kc):
+            dst[p * ZNR:(p + 1) * ZNR] = B[k0 + p, j0:j0 + ZNR]
+    else:
+        for p in range(kc):
+            for c in range(w):
+                dst[p * ZNR + c] = B[k0 + p, j0 + c]
+            for c in range(w, ZNR):
+                dst[p * ZNR + c] = 0.0
 
 
 @njit(fastmath=True, parallel=True, cache=True)
