@@ -803,22 +803,26 @@ def _zmm_rows(C, A, Bp, Ap, tile, i0, i1):
                 _micro_12x32(C, Ap[si], b, kc, i0 + si * ZMR, sj * ZNR, kb > 0, tile)
 
 
-def _zmm_rows_per_task(M, threads):
-    """Rows of C per task: at most ZMC, and small enough that every thread gets at least two tasks (the linear
-    layers' dW has only M = 256 rows), in whole 12-row slivers."""
-    per = -(-M // (2 * max(threads, 1)))
-    return int(max(ZMR, min(ZMC, -(-per // ZMR) * ZMR)))
+def _zmm_tasks(M, threads):
+    """How many row blocks of C: a multiple of the thread count (prange gives each thread an equal run of
+    tasks, and the tasks below hold equal numbers of slivers, to within one), at least two per thread (the
+    linear layers' dW has only M = 256 rows), and at most ZMC rows each."""
+    t = max(int(threads), 1)
+    nsl = -(-M // ZMR)  # 12-row slivers of C
+    per_thread = max(2, -(-nsl // (t * (ZMC // ZMR))))
+    return max(1, min(t * per_thread, nsl))
 
 
 @njit(fastmath=True, parallel=True, cache=True)
-def _gemm_zmm_par(C, A, Bp, mc):
+def _gemm_zmm_par(C, A, Bp, nb):
     M = A.shape[0]
-    nb = (M + mc - 1) // mc
-    for ib in prange(nb):  # each task owns mc rows of C and packs its own block of A
-        Ap = np.empty(((mc + ZMR - 1) // ZMR, ZKC * ZMR), dtype=np.float32)
+    nsl = (M + ZMR - 1) // ZMR
+    for ib in prange(nb):  # task ib owns slivers [ib*nsl//nb, (ib+1)*nsl//nb) of C and packs its own block of A
+        s0 = ib * nsl // nb
+        s1 = (ib + 1) * nsl // nb
+        Ap = np.empty((s1 - s0, ZKC * ZMR), dtype=np.float32)
         tile = np.empty(ZMR * ZNR, dtype=np.float32)
-        i0 = ib * mc
-        _zmm_rows(C, A, Bp, Ap, tile, i0, min(i0 + mc, M))
+        _zmm_rows(C, A, Bp, Ap, tile, s0 * ZMR, min(s1 * ZMR, M))
 
 
 def gemm_zmm_into(C, A, B):
@@ -831,7 +835,7 @@ def gemm_zmm_into(C, A, B):
     else:
         Bp = np.empty(((K + ZKC - 1) // ZKC, (N + ZNR - 1) // ZNR, ZKC * ZNR), dtype=np.float32)
         _zpack_b_par(Bp, B)
-        _gemm_zmm_par(out, A, Bp, _zmm_rows_per_task(M, get_num_threads()))
+        _gemm_zmm_par(out, A, Bp, _zmm_tasks(M, get_num_threads()))
     if out is not C:
         C[...] = out
 
@@ -842,8 +846,8 @@ def gemm_zmm_par(C, A, B):
 
     Each step of k is 2 vector loads of B, 12 broadcasts of A and 24 FMAs on 512-bit registers into a 12 x 32
     tile of C kept in registers (no folding of partial sums, unlike rungs 5-8); B is packed in 32-column
-    slivers (1024 deep), A in 12-row slivers per task; tasks are row blocks of C (72 rows, fewer where that
-    leaves a thread fewer than two tasks). An 8 x 32 tile (16 accumulators, 10 loads per 16 FMAs) measured
+    slivers (1024 deep), A in 12-row slivers per task; tasks are row blocks of C of at most 72 rows, as many
+    per thread on every thread (at least two), with equal numbers of slivers to within one. An 8 x 32 tile (16 accumulators, 10 loads per 16 FMAs) measured
     0.80x OpenBLAS on one core against 0.9-1.0x for 12 x 32 (1 thread, CPU time, one process). A register-only FMA loop (``kernels_src.tools.fmapeak``) measures
     2 zmm FMAs per cycle per core here, about 7 G FMAs/s = 225 GFLOP/s a core; the micro-kernel alone on
     L1-resident slivers ran at ~92 % of that. Predicted: 75-85 % of the core's peak once packing and L2

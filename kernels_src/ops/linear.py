@@ -294,7 +294,7 @@ def linear_bwd_dw_packed(dW, X, G):
 def linear_bwd_dw_zmm(dW, X, G):
     """Chapter 5's rung 9 on X transposed (a view: packing A reads X along its rows, 12 columns of X = one
     12-row sliver of X^T at a time) and G. Here M = K_in is small (256 rows of dW) and the sum runs over the
-    batch (2048): rung 9 cuts dW into row blocks of 72 rows (4 tasks for 2 cores) so both cores work.
+    batch (2048): rung 9 cuts dW into 4 row blocks of 60-72 rows on 2 cores so both cores work.
     Predicted: close to the forward's rung 4."""
     from .gemm import gemm_zmm_into
 
