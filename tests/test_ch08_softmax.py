@@ -133,3 +133,17 @@ def test_vec4_rungs_on_rows_a_multiple_of_four(size):
         v = kernels_src.get_variant(key)
         rep = parity.check_variant(v, kernels_src.get_op(v.op), size)
         assert rep.ok, str(rep)
+
+
+def _bwd_cpu_keys():
+    return [v.key for v in kernels_src.get_op("softmax_bwd").variants if v.backend == "cpu" and not v.baseline]
+
+
+@pytest.mark.parametrize("size", [(1, 1), (2, 1), (3, 17), (7, 33), (5, 130)])
+@pytest.mark.parametrize("key", _bwd_cpu_keys())
+def test_softmax_bwd_cpu_rungs_on_awkward_shapes(key, size):
+    """Every CPU rung of the backward (the 'pipe' rung's chunk ends included: a chunk of one row, rows fewer than
+    threads) against the float64 reference, outputs poisoned."""
+    v = kernels_src.get_variant(key)
+    rep = parity.check_variant(v, kernels_src.get_op("softmax_bwd"), size)
+    assert rep.ok, str(rep)
