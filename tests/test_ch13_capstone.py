@@ -184,3 +184,22 @@ def test_exercise_oracles_equal_the_reference_model():
     _, g = ReferenceGPT(cfg0, tb.unpack(theta, V, C)).loss_and_grads(ids[None], targets[None])
     np.testing.assert_allclose(tb.fd_reference(theta, ids, targets, V, C),
                                np.concatenate([g["wte"].ravel(), g["gf"]]), rtol=1e-12, atol=1e-14)
+
+
+def _ce_cpu_keys():
+    import kernels_src
+
+    return [v.key for name in ("cross_entropy", "cross_entropy_bwd") for v in kernels_src.get_op(name).variants
+            if v.backend == "cpu" and not v.baseline]
+
+
+@pytest.mark.parametrize("size", [(1, 1), (3, 17), (5, 130)])
+@pytest.mark.parametrize("key", _ce_cpu_keys())
+def test_cross_entropy_cpu_rungs_on_awkward_shapes(key, size):
+    """Every CPU rung of the fused cross-entropy and its backward against the float64 reference, outputs poisoned."""
+    import kernels_src
+    from kernels_src import parity
+
+    v = kernels_src.get_variant(key)
+    rep = parity.check_variant(v, kernels_src.get_op(v.op), size)
+    assert rep.ok, str(rep)
