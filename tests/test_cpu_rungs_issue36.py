@@ -51,6 +51,30 @@ def test_embedding_bwd_sorted_sums_in_position_order(variant):
     assert np.array_equal(dtable.view(np.int32), serial.view(np.int32))
 
 
+def test_transpose_regs16_any_placement_of_the_rows():
+    """Rung 3 starts its 16 x 16 register blocks where the rows start a 64-byte line; the columns and rows before
+    and after are moved one float at a time. Every placement of X and Y in a line, shapes with and without whole
+    blocks: exactly X.T, every element written (Y poisoned with NaN)."""
+    from kernels_src.ops import embedding as E
+
+    def placed(shape, off):
+        n = int(np.prod(shape))
+        buf = np.empty(n + 64, np.float32)
+        s = (-(buf.ctypes.data // 4)) % 16 + off
+        return buf[s:s + n].reshape(shape)
+
+    rng = np.random.default_rng(16)
+    for shape in [(80, 96), (96, 80), (64, 64), (48, 17), (16, 16), (33, 32), (1, 16)]:
+        for ox in range(0, 16, 3):
+            for oy in range(0, 16, 5):
+                X = placed(shape, ox)
+                X[:] = rng.standard_normal(shape)
+                Y = placed(shape[::-1], oy)
+                Y[:] = np.nan
+                E.transpose_regs16(Y, X)
+                assert np.array_equal(Y, X.T), (shape, ox, oy)
+
+
 def test_pow2f_is_exact_over_the_normal_range():
     from kernels_src.compiler import njit
     from kernels_src.ops.cpumath import pow2f

@@ -264,26 +264,34 @@ def transpose_tiles(Y, X):
 
 
 @njit(cache=True, parallel=True)
-def _transpose_regs16(Y, X):
+def _transpose_regs16(Y, X, i_a, k_a):
     M, K = X.shape
-    tm = (M + TT - 1) // TT
-    tk = (K + TT - 1) // TT
-    for t in prange(tm * tk):
-        i0 = (t // tk) * TT
-        k0 = (t % tk) * TT
-        i1 = min(M, i0 + TT)
-        k1 = min(K, k0 + TT)
-        i16 = i0 + (i1 - i0) // 16 * 16
-        k16 = k0 + (k1 - k0) // 16 * 16
-        for k in range(k0, k16, 16):  # 16 x 16 blocks in registers: 64-byte row loads and stores
-            for i in range(i0, i16, 16):
-                transpose16x16(Y, X, i, k)
-        for k in range(k16, k1):  # the ragged edges of the tile, one element at a time
-            for i in range(i0, i1):
+    nbi = (M - i_a) // 16  # whole 16 x 16 blocks from row i_a and column k_a of X (where lines start)
+    nbk = (K - k_a) // 16
+    i_e = i_a + nbi * 16
+    k_e = k_a + nbk * 16
+    tk = (nbk + 3) // 4
+    for t in prange(((nbi + 3) // 4) * tk):  # tiles of 4 x 4 blocks (64 x 64) over the cores
+        bi0 = (t // tk) * 4
+        bk0 = (t % tk) * 4
+        for bk in range(bk0, min(nbk, bk0 + 4)):  # 16 x 16 blocks in registers: 64-byte row loads and stores
+            for bi in range(bi0, min(nbi, bi0 + 4)):
+                transpose16x16(Y, X, i_a + bi * 16, k_a + bk * 16)
+    for k in prange(K):  # what the blocks leave (row k of Y, element by element)
+        if k < k_a or k >= k_e:
+            for i in range(M):
                 Y[k, i] = X[i, k]
-        for k in range(k0, k16):
-            for i in range(i16, i1):
+        else:
+            for i in range(i_a):
                 Y[k, i] = X[i, k]
+            for i in range(i_e, M):
+                Y[k, i] = X[i, k]
+
+
+def _line_start(a, n_cols):
+    """The first column at which every row of the float32 array ``a`` starts a 64-byte line (0 when its rows
+    do not all share one alignment)."""
+    return min(n_cols, (-(a.ctypes.data // 4)) % 16) if n_cols % 16 == 0 and a.ctypes.data % 4 == 0 else 0
 
 
 @register("transpose", "cpu", "regs16", rung=3)
@@ -291,9 +299,11 @@ def transpose_regs16(Y, X):
     """Rung 2's 64 x 64 tiles, each moved as 16 x 16 blocks transposed in registers (issue 36): 16 loads of 16
     floats, 64 two-source shuffles (`kernels asm`: vpermt2ps zmm, 4 per 16 values), 16 stores of 16 floats, so
     every load and store is a whole 64-byte line where rung 2 moved one float per instruction and read X down a
-    column (one 4-byte load per line touched). On one core in L2 (512 x 512) it measured ~2.5x rung 2; predict
-    the 4096^2 transpose moves from rung 2's ~26 % to >= 50 % of copy (the rest: DRAM pages, both streams)."""
-    _transpose_regs16(Y, X)
+    column (one 4-byte load per line touched). The blocks start where X's and Y's rows start a line (NumPy's
+    large arrays begin 16 bytes into one; the columns before are done one float at a time). Measured on the
+    shared 2-core machine, A/B in one process: 1.1-1.4x rung 2 at 4096^2 (2.5x on one core in L2, 512 x 512).
+    Predict the 4096^2 transpose moves from rung 2's ~26 % to >= 35 % of copy."""
+    _transpose_regs16(Y, X, _line_start(Y, Y.shape[1]), _line_start(X, X.shape[1]))
 
 
 @njit(cache=True)
