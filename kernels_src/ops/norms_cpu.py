@@ -532,7 +532,9 @@ def rmsnorm_bwd_pipe(dx, dgamma, dy, x, rstd, gamma):
     Rung 2 re-reads x and dy from L2 in its second walk (a row's five 16 KiB streams do not fit L1 at N = 4096).
     Predicted ~1.3x rung 2 in cache, and at 4096 x 4096 the next row's loads overlap this row's arithmetic.
     Measured (indicative, one core, in cache, alternating in one process, min of 200): 32 x 4096 1.3x,
-    64 x 1024 1.4x rung 2. kernels asm: the fused walk is packed zmm."""
+    64 x 1024 1.4x rung 2; 512 x 4096 on 2 threads (from L3, min of 40, two runs) 1.25x rung 2. At 4096 x 4096
+    the shared machine's DRAM times were too noisy to tell (the scoreboard's re-measure decides). kernels asm:
+    the fused walk is packed zmm."""
     rmsnorm_bwd_rows_pipe(dx, dgamma, dy, x, rstd, gamma,
                           np.empty((_chunks(x.shape[0]), x.shape[1]), np.float32))
 
@@ -544,7 +546,8 @@ def layernorm_bwd_pipe(dx, dgamma, dbeta, dy, x, mean, rstd, gamma):
     once per row for both jobs, and the next row's loads are in flight while this row's arithmetic runs. Predicted
     ~1.3x rung 2 in cache. Measured (indicative, one core, in cache, alternating in one process, min of 200):
     32 x 4096 1.26x rung 2 and 1.14x rung 3; 64 x 1024 1.45x rung 2 and 1.1x rung 3 (whose 4-row walk saves the
-    partial-row traffic instead). kernels asm: the fused walk is packed zmm."""
+    partial-row traffic instead); 512 x 4096 on 2 threads (from L3, min of 40, two runs) 1.34x rung 2 and 1.05x
+    rung 3. kernels asm: the fused walk is packed zmm."""
     layernorm_bwd_rows_pipe(dx, dgamma, dbeta, dy, x, mean, rstd, gamma,
                             np.empty((2, _chunks(x.shape[0]), x.shape[1]), np.float32))
 
