@@ -8,7 +8,8 @@ it, and Landlock keeps the child from reading the real package. It starts in a f
 that holds only the student's code and the job; references, expected outputs and hidden tests stay in the
 parent. Inputs that must not be seen before the code is ready (the hidden inputs of an *exec* run) arrive
 over the child's stdin only after it has said, on a pipe of its own, that its functions are built.
-It writes ``result.json`` (and ``outputs.npz``) back into that directory. Whatever the child does (loops
+It writes ``result.json`` (and ``outputs.npz``) back into that directory. On Linux the child is forked from a
+warm server that has imported NumPy and Numba once (:mod:`.forkserver`), else started fresh. Whatever the child does (loops
 forever, calls ``os._exit``, segfaults through ``ctypes``, prints megabytes, allocates without end, kills
 itself), the parent gets a :class:`SandboxResult` with a plain-language ``message`` and never raises.
 """
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import forkserver
+
 DEFAULT_TIMEOUT = float(os.environ.get("KERNELS_GRADING_TIMEOUT", "60"))  # seconds of wall clock per run
 DEFAULT_MEMORY = int(os.environ.get("KERNELS_GRADING_MEMORY_MB", "3072")) << 20  # address space (numba maps ~0.8 GB)
 OUTPUT_LIMIT = 32 << 20  # bytes per file written (RLIMIT_FSIZE): caps what student code can print
@@ -43,7 +46,7 @@ RUNTIME_FILES = ("target.py", "device.py", "simulator.py", "ptx.py", "compiler/_
                  "grading/planrun.py", "grading/shortcuts.py", "grading/replay.py", "grading/worker.py",
                  "grading/racecheck.py",
                  "grading/sandbox.py", "grading/confine.py", "grading/kernelpack.py",
-                 "grading/perfworker.py")
+                 "grading/perfworker.py", "grading/forkserver.py")
 RUNTIME_INIT = '''"""The grader's runtime copy of kernels_src: only what a sandboxed grading process needs (where kernels run,
 the compiler door, the simulator, the worker). The course's references, helpers and model are not here."""
 from . import device
@@ -60,6 +63,14 @@ for _i, _p in enumerate(_extra):
     sys.path.insert(1 + _i, _p)
 from kernels_src.grading.child import main
 main()
+'''
+SERVER_BOOT = '''import json, os, sys
+_env0 = dict(os.environ)  # before any import changes it
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+for _i, _p in enumerate(json.loads(sys.argv[1])):  # the grader's extra import paths, as BOOT takes them from a job
+    sys.path.insert(1 + _i, _p)
+from kernels_src.grading.forkserver import serve
+serve(int(sys.argv[2]), _env0)
 '''
 _runtime: str | None = None
 _runtime_lock = threading.Lock()
@@ -81,6 +92,7 @@ def runtime_dir() -> str:
             shutil.copyfile(src / rel, dst)
         (pkg / "__init__.py").write_text(RUNTIME_INIT)
         (root / "boot.py").write_text(BOOT)
+        (root / "serve.py").write_text(SERVER_BOOT)
         import compileall  # once here, so that no graded process compiles these modules again (they write no .pyc)
 
         compileall.compile_dir(str(pkg), quiet=1)
@@ -201,24 +213,34 @@ def run(job: dict, source: str, *, inputs: dict | None = None, device_mode: str 
                               "skip": skipped_from_env()}
         if stream is not None:
             ready_r, ready_w = os.pipe()
-            job["ready_fd"] = ready_w
-        (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
-        if inputs:
-            np.savez(work / "inputs.npz", **inputs)
-        for name, arrays in (files or {}).items():
-            np.savez(work / name, **arrays)
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         env.update(HOME=str(work), TMPDIR=str(work), KERNELS_DEVICE=device_mode, PYTHONUNBUFFERED="1",
                    PYTHONDONTWRITEBYTECODE="1", NUMBA_CACHE_DIR=str(work / ".numba"), OMP_NUM_THREADS="1",
                    NUMBA_NUM_THREADS=os.environ.get("KERNELS_GRADING_NUMBA_THREADS", "2"),
                    MPLBACKEND="Agg", PYTHONFAULTHANDLER="1",
                    NUMBA_BOUNDSCHECK="1")  # @njit code raises IndexError instead of corrupting memory
-        cmd = [sys.executable, "-I", os.path.join(runtime, "boot.py"), str(work / "job.json")]
+        server = _fork_server(device_mode, runtime, job["sys_path"], env)
+        if ready_w is not None:
+            job["ready_fd"] = forkserver.READY_FD if server is not None else ready_w
+        (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        if inputs:
+            np.savez(work / "inputs.npz", **inputs)
+        for name, arrays in (files or {}).items():
+            np.savez(work / name, **arrays)
+        argv = [os.path.join(runtime, "boot.py"), str(work / "job.json")]
+        cmd = [sys.executable, "-I", *argv]
         with open(work / "output.txt", "wb") as out:
+            p = None
+            if server is not None:
+                p = _start_forked(server, work, env, argv, out, ready_w, stream is not None)
+                if p is None and ready_w is not None:  # the server failed this once: start a fresh process
+                    job["ready_fd"] = ready_w
+                    (work / "job.json").write_text(json.dumps(job), encoding="utf-8")
             try:
-                p = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.PIPE if stream is not None else subprocess.DEVNULL,
-                                     start_new_session=True, pass_fds=(ready_w,) if ready_w is not None else ())
+                if p is None:
+                    p = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.PIPE if stream is not None else subprocess.DEVNULL,
+                                         start_new_session=True, pass_fds=(ready_w,) if ready_w is not None else ())
             except OSError as e:
                 return SandboxResult("no_result", message=f"the grader could not start a process: {e}")
             if ready_w is not None:
@@ -282,6 +304,53 @@ def run(job: dict, source: str, *, inputs: dict | None = None, device_mode: str 
                 os.close(fd)
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _fork_server(device_mode: str, runtime: str, sys_path: list, env: dict):
+    """The fork server (:mod:`.forkserver`) for workers of this device mode and environment, or None where a
+    fresh interpreter must be started (a real GPU: CUDA must not be set up before a fork; not Linux; disabled
+    with KERNELS_GRADING_FORKSERVER=0; the server could not start)."""
+    if device_mode not in ("sim", "ptx"):
+        return None
+    per_job = ("HOME", "TMPDIR", "NUMBA_CACHE_DIR")
+    const = tuple(sorted((k, v) for k, v in env.items() if k not in per_job))
+    key = (device_mode, runtime, tuple(sys_path), const)
+    home = _server_home()
+    server_env = dict(const, HOME=home, TMPDIR=home, NUMBA_CACHE_DIR=os.path.join(home, ".numba"))
+    return forkserver.server_for(key, [sys.executable, "-I", os.path.join(runtime, "serve.py"), json.dumps(sys_path)],
+                                 server_env, home)
+
+
+_server_dir: list = []
+
+
+def _server_home() -> str:
+    with _runtime_lock:
+        if not _server_dir:
+            _server_dir.append(tempfile.mkdtemp(prefix="kgrade-server-"))
+            import atexit
+
+            atexit.register(shutil.rmtree, _server_dir[0], True)
+        return _server_dir[0]
+
+
+def _start_forked(server, work: Path, env: dict, argv: list, out, ready_w: int | None, streamed: bool):
+    """A worker forked by ``server`` (a :class:`.forkserver.ForkedWorker`), or None if the server failed."""
+    in_r = in_w = None
+    try:
+        if streamed:
+            in_r, in_w = os.pipe()
+        else:
+            in_r = os.open(os.devnull, os.O_RDONLY)
+        fds = [out.fileno(), in_r] + ([ready_w] if ready_w is not None else [])
+        pid = server.start(str(work), env, argv, fds)
+    except OSError:
+        for fd in (in_r, in_w):
+            if fd is not None:
+                os.close(fd)
+        return None
+    os.close(in_r)
+    return forkserver.ForkedWorker(server, pid, in_w)
 
 
 def _send_when_ready(p, ready_r: int, arrays: dict) -> None:
