@@ -23,8 +23,9 @@ For every page it asserts:
 - a chapter (notebooks/) with code cells shows outputs, i.e. it was executed, and no cell shows an
   error unless it is tagged `raises-exception` (a deliberate demo of an error).
 
-A full-page screenshot of each page goes to `_build/screenshots/` (look at them: a passing test can still
-look wrong). Set KFS_SITE_DIR to test another built site.
+With KERNELS_SITE_SCREENSHOTS=1, a full-page screenshot of each page goes to `_build/screenshots/` (look at
+them: a passing test can still look wrong). They are off by default: drawing a chapter of 40 000 pixels takes
+longer than all the checks of its page, and no check reads them. Set KFS_SITE_DIR to test another built site.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from tests._site_text import inert_controls, raw_markup
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path(os.environ.get("KFS_SITE_DIR", ROOT / "_build" / "html")).resolve()
 SHOTS = SITE.parent / "screenshots"
+SCREENSHOTS = os.environ.get("KERNELS_SITE_SCREENSHOTS", "0") == "1"
 # The index.html at the root only redirects to the intro page (its link is checked like any other).
 NOT_CONTENT = {"index.html"}
 SKIP_DIRS = {"_static", "_sources", "_images", "reports", "jupyter_execute", "_downloads"}
@@ -184,13 +186,14 @@ def test_page(page, site_url, browser):
             if why:
                 problems.append(f"broken internal link: {why}")
 
-        # Grow the viewport to the whole page first: the theme's sticky sidebars are as tall as the
-        # viewport, so a plain full-page capture cuts them off after the first screen.
-        height = p.evaluate("document.documentElement.scrollHeight")
-        p.set_viewport_size({"width": 1280, "height": max(900, min(height, 30_000))})
-        p.wait_for_timeout(100)
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        p.screenshot(path=str(SHOTS / (page.replace("/", "__").removesuffix(".html") + ".png")), full_page=True)
+        if SCREENSHOTS:
+            # Grow the viewport to the whole page first: the theme's sticky sidebars are as tall as the
+            # viewport, so a plain full-page capture cuts them off after the first screen.
+            height = p.evaluate("document.documentElement.scrollHeight")
+            p.set_viewport_size({"width": 1280, "height": max(900, min(height, 30_000))})
+            p.wait_for_timeout(100)
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            p.screenshot(path=str(SHOTS / (page.replace("/", "__").removesuffix(".html") + ".png")), full_page=True)
     finally:
         context.close()
     assert not problems, f"{page}:\n  " + "\n  ".join(problems)
