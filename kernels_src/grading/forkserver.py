@@ -43,22 +43,14 @@ def _threads() -> int:
         return 1
 
 
-def serve(fd: int, env0: dict) -> None:
-    """The server's loop (runs in the runtime copy; see SERVER_BOOT in sandbox.py). ``env0``: the environment
-    the server started with, before any import."""
+def serve(fd: int, env0: dict, main) -> None:
+    """The server's loop (runs in the runtime copy; see SERVER_BOOT in sandbox.py, which imports what every worker
+    imports before reading the student's code, then calls this). ``env0``: the environment the server started
+    with, before any import; ``main``: the worker's entry point (:func:`kernels_src.grading.child.main`)."""
     import selectors
 
     sock = socket.socket(fileno=fd)
-    # What every worker imports before reading the student's code (child.main does these imports again: no-ops).
-    import numpy  # noqa: F401
-
-    import kernels_src  # noqa: F401  (device selection from KERNELS_DEVICE, the compiler door)
-    from kernels_src import device
-
-    device.cuda  # noqa: B018  (numba.cuda: the simulator or the PTX target)
-    from kernels_src.grading import child  # noqa: F401
-
-    # what those imports wrote into the environment (NUMBA_ENABLE_CUDASIM: kernels_src/target.py), as a fresh
+    # what the imports wrote into the environment (NUMBA_ENABLE_CUDASIM: kernels_src/target.py), as a fresh
     # worker's own imports would: each worker gets its job's environment plus these
     made = {k: v for k, v in os.environ.items() if env0.get(k) != v}
     if _threads() != 1:  # forking a process with other threads could copy a held lock: refuse to serve
@@ -84,7 +76,7 @@ def serve(fd: int, env0: dict) -> None:
                         pass
                     continue
                 try:
-                    pid = _fork_worker(sock, sel, req, fds, made)
+                    pid = _fork_worker(sock, sel, req, fds, made, main)
                 except OSError as e:
                     sock.send(json.dumps({"id": req.get("id"), "error": str(e)}).encode())
                     continue
@@ -105,7 +97,7 @@ def serve(fd: int, env0: dict) -> None:
                     return
 
 
-def _fork_worker(sock, sel, req, fds, made) -> int:
+def _fork_worker(sock, sel, req, fds, made, main) -> int:
     out_fd, in_fd = fds[0], fds[1]
     ready_fd = fds[2] if len(fds) > 2 else None
     pid = os.fork()
@@ -140,9 +132,7 @@ def _fork_worker(sock, sel, req, fds, made) -> int:
         except Exception:  # noqa: BLE001
             pass
         sys.argv = list(req["argv"])
-        from kernels_src.grading import child
-
-        child.main(sys.argv[1:])  # ends with os._exit(0) once result.json is written
+        main(sys.argv[1:])  # ends with os._exit(0) once result.json is written
     except BaseException:  # noqa: BLE001
         import traceback
 

@@ -69,8 +69,12 @@ _env0 = dict(os.environ)  # before any import changes it
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 for _i, _p in enumerate(json.loads(sys.argv[1])):  # the grader's extra import paths, as BOOT takes them from a job
     sys.path.insert(1 + _i, _p)
+import numpy  # what every worker imports before the student's code: once, here
+from kernels_src import device
+device.cuda  # numba.cuda: the simulator or the PTX target, as KERNELS_DEVICE says
+from kernels_src.grading.child import main
 from kernels_src.grading.forkserver import serve
-serve(int(sys.argv[2]), _env0)
+serve(int(sys.argv[2]), _env0, main)
 '''
 _runtime: str | None = None
 _runtime_lock = threading.Lock()
