@@ -53,8 +53,15 @@ def serve(fd: int, env0: dict, main) -> None:
     # what the imports wrote into the environment (NUMBA_ENABLE_CUDASIM: kernels_src/target.py), as a fresh
     # worker's own imports would: each worker gets its job's environment plus these
     made = {k: v for k, v in os.environ.items() if env0.get(k) != v}
+    why = None
     if _threads() != 1:  # forking a process with other threads could copy a held lock: refuse to serve
-        sock.send(json.dumps({"hello": False, "why": f"{_threads()} threads after the imports"}).encode())
+        why = f"{_threads()} threads after the imports"
+    try:  # each worker is watched through a pidfd (Linux 5.3 and later)
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as e:
+        why = f"no pidfd_open ({e})"
+    if why:
+        sock.send(json.dumps({"hello": False, "why": why}).encode())
         return
     sock.send(json.dumps({"hello": True}).encode())
     sel = selectors.DefaultSelector()
