@@ -106,3 +106,18 @@ def test_a_dead_server_is_replaced_and_its_worker_still_reported(monkeypatch):
     sandbox.run({"mode": "plan", "cases": []}, kill_parent, timeout=20)
     probe, res = _probe(monkeypatch, True)
     assert set(probe["fds"]) <= {0, 1, 2, 3} and res.output_tail
+
+
+def test_the_servers_end_with_the_grader(monkeypatch):
+    """When grading ends (the grader's exit runs forkserver.shutdown), each server sees its connection close and
+    exits at once: a close alone would leave the grader's reader thread blocked in recv, the server waiting, and
+    every `kernels grade` 10 s late at its exit."""
+    import time
+
+    monkeypatch.setenv("KERNELS_GRADING_FORKSERVER", "1")
+    sandbox.run({"mode": "plan", "cases": []}, "x = 1\n", timeout=120)
+    procs = [s.proc for s in forkserver._servers.values()]
+    assert procs
+    t0 = time.monotonic()
+    forkserver.shutdown()
+    assert all(p.poll() is not None for p in procs) and time.monotonic() - t0 < 5, time.monotonic() - t0

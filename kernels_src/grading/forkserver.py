@@ -252,6 +252,10 @@ class _Server:
             pass
 
     def close(self) -> None:
+        try:  # shutdown first: a close alone does not end the reader thread's blocked recv, so the server would
+            self.sock.shutdown(socket.SHUT_RDWR)  # never see the end of the connection
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
