@@ -19,6 +19,7 @@ vector type, ``i32x16`` (an LLVM ``<16 x i32>``: one zmm register on AVX-512, tw
     vstore_bytes16(u8, i, t)   u8[i:i+16] = the low byte of each lane (``vpmovdb`` on AVX-512)
     vstore_nibbles16(u8, i, lo, hi)   u8[i:i+16] = lo | (hi << 4), low byte of each lane (Q4_0's packing)
     vload_u8x16(u8, i)         u8[i:i+16] as int32 lanes, zero-extended (``vpmovzxbd``)
+    vload_i8x16(i8, i)         i8[i:i+16] of an int8 array as int32 lanes, sign-extended (``vpmovsxbd``)
     vandi16(t, k), vshri16(t, k)   t & k, t >> k per lane, k a literal (``vpandd``, ``vpsrld``): the nibbles
     vcvt16(t)                  int32 lanes to float32 (``vcvtdq2ps``)
     vsub16(a, b)               a - b per lane (``vsubps``)
@@ -216,6 +217,20 @@ def vload_u8x16(typingctx, u8, i):
         return builder.zext(builder.load(ptr, align=1), _IVEC)
 
     return i32x16(u8, i), codegen
+
+
+@intrinsic
+def vload_i8x16(typingctx, i8, i):
+    """i8[i:i+16] of an int8 array as 16 int32 lanes, sign-extended (``vpmovsxbd``): Q8_0's quants."""
+    if not (isinstance(i8, types.Array) and i8.dtype == types.int8 and i8.ndim == 1 and i8.layout == "C"
+            and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _bytes_ptr(context, builder, sig.args[0], args[0], args[1])
+        return builder.sext(builder.load(ptr, align=1), _IVEC)
+
+    return i32x16(i8, i), codegen
 
 
 def _int_lanes_op(name, build):
