@@ -182,9 +182,10 @@ from .inline_ptx import (dp4a, exp2_approx, ldmatrix_x4, ldmatrix_x4_trans, mma_
 from .halfbits import (bf16_to_f32, f16_to_f32, f16bits_to_f32, f32_as_u32, f32_to_bf16, f32_to_f16,  # noqa: E402
                        f32_to_f16bits, u32_as_f32)
 from .cpubits import (cpu_dispatcher_type, float32_bits, float32_from_bits, import_torch_first,  # noqa: E402
-                      numba_threads_started, transpose16x16, using_svml)
+                      numba_threads_started, transpose16x16, transpose16x16_nt, using_svml)
 from .cpubits import apply_cpu_vector_bits as _apply_cpu_vector_bits  # noqa: E402
-from .cpusimd import prefetchw, vadd16, vfma16, vload16, vsplat16, vstore16, vzero16, zmm_kernels  # noqa: E402
+from .cpusimd import (prefetchw, sfence, vabs16, stream_head, vadd16, vdiv16, vfma16, vload16, vmul16, vsplat16,  # noqa: E402
+                      vsqrt16, vstore16, vstream16, vsub16, vzero16, zmm_kernels)
 
 # The CPU's vector width for everything Numba compiles from here on (KERNELS_CPU_VECTOR_BITS; cpubits.py).
 CPU_VECTORS = _apply_cpu_vector_bits()
@@ -197,4 +198,5 @@ __all__ = ["NAME", "REASON", "TRADE_OFFS", "USE_MLIR", "version", "cuda", "njit"
            "bf16_to_f32", "f32_to_bf16", "f16_to_f32", "f32_to_f16", "f16bits_to_f32", "f32_to_f16bits",
            "f32_as_u32", "u32_as_f32",
            "cpu_dispatcher_type", "float32_bits", "transpose16x16", "using_svml", "numba_threads_started", "import_torch_first", "CPU_VECTORS",
-           "vload16", "vstore16", "vsplat16", "vfma16", "vadd16", "vzero16", "prefetchw", "zmm_kernels"]
+           "vload16", "vstore16", "vsplat16", "vfma16", "vadd16", "vzero16", "prefetchw", "zmm_kernels",
+           "vsub16", "vmul16", "vdiv16", "vsqrt16", "vstream16", "sfence", "stream_head", "vabs16", "transpose16x16_nt"]

@@ -42,7 +42,7 @@ def float32_bits(typingctx, x):
     return types.int32(x), codegen
 
 
-def _transpose_block_codegen(n):
+def _transpose_block_codegen(n, stream=False):
     vec = ir.VectorType(ir.FloatType(), n)
     h = n // 2
     lo = ir.Constant(ir.VectorType(ir.IntType(32), n), [v for j in range(h) for v in (j, n + j)])
@@ -65,7 +65,11 @@ def _transpose_block_codegen(n):
         for _ in range(n.bit_length() - 1):  # log2(n) perfect shuffles (zip) transpose an n x n block
             rows = [builder.shuffle_vector(rows[j], rows[j + h], m) for j in range(h) for m in (lo, hi)]
         for c in range(n):
-            builder.store(rows[c], row(y.data, y_cols, kk, c, ii), align=4)
+            if stream:  # non-temporal: the line written whole without being read first (needs 64-byte alignment)
+                inst = builder.store(rows[c], row(y.data, y_cols, kk, c, ii), align=4 * n)
+                inst.set_metadata("nontemporal", builder.module.add_metadata([ir.IntType(32)(1)]))
+            else:
+                builder.store(rows[c], row(y.data, y_cols, kk, c, ii), align=4)
         return context.get_dummy_value()
 
     return codegen
@@ -83,6 +87,18 @@ def transpose16x16(typingctx, Y, X, i, k):
     if not (ok and isinstance(i, types.Integer) and isinstance(k, types.Integer)):
         return None
     return types.void(Y, X, i, k), _transpose_block_codegen(16)
+
+
+@intrinsic
+def transpose16x16_nt(typingctx, Y, X, i, k):
+    """``transpose16x16`` with the 16 row stores non-temporal (``vmovntps``): each row of Y written as one whole
+    64-byte line without reading it first. Every &Y[k + c, i] MUST be 64-byte aligned (rows a multiple of 16
+    floats, the block starting a line), and the kernel ends with ``sfence()`` (compiler/cpusimd.py)."""
+    ok = all(isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 2 and a.layout == "C"
+             for a in (Y, X))
+    if not (ok and isinstance(i, types.Integer) and isinstance(k, types.Integer)):
+        return None
+    return types.void(Y, X, i, k), _transpose_block_codegen(16, stream=True)
 
 
 def cpu_dispatcher_type():

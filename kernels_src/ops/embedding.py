@@ -21,6 +21,8 @@ Ladder (every op)
   transpose: cpu/tiles rung 2   64x64 tiles over the cores, each read and written while it sits in L1
   transpose: cpu/regs16 rung 3  the tiles moved as 16x16 blocks transposed in registers (whole-line loads
                       and stores, shuffles between them: compiler.transpose16x16)
+  transpose: cpu/stream rung 4  rung 3 with Y's 16 rows of each block written by streaming stores (vmovntps:
+                      whole lines, not read first: compiler.transpose16x16_nt) where Y's lines allow it
   transpose: gpu/smem rung 2  32x32 tiles through shared memory (padded to 33 columns: no bank
                       conflicts), so both the reads and the writes coalesce
 The scatter-add is deterministic on both backends: a thread (or core) owns a column of the table and
@@ -29,7 +31,7 @@ walks the tokens in order, so no two writers meet and there are no atomics.
 import math
 
 import numpy as np
-from ..compiler import cuda, njit, prange, transpose16x16
+from ..compiler import cuda, njit, prange, sfence, transpose16x16, transpose16x16_nt
 
 from ..device import ceil_div
 from ..registry import define_op, register
@@ -304,6 +306,49 @@ def transpose_regs16(Y, X):
     shared 2-core machine, A/B in one process: 1.1-1.4x rung 2 at 4096^2 (2.5x on one core in L2, 512 x 512).
     Predict the 4096^2 transpose moves from rung 2's ~26 % to >= 35 % of copy."""
     _transpose_regs16(Y, X, _line_start(Y, Y.shape[1]), _line_start(X, X.shape[1]))
+
+
+@njit(cache=True, parallel=True)
+def _transpose_stream(Y, X, i_a, k_a, nt):
+    # rung 3's loops; nt: every block row &Y[k, i_a + 16 bi] starts a 64-byte line, so the blocks' stores stream
+    M, K = X.shape
+    nbi = (M - i_a) // 16
+    nbk = (K - k_a) // 16
+    i_e = i_a + nbi * 16
+    k_e = k_a + nbk * 16
+    tk = (nbk + 3) // 4
+    for t in prange(((nbi + 3) // 4) * tk):
+        bi0 = (t // tk) * 4
+        bk0 = (t % tk) * 4
+        for bk in range(bk0, min(nbk, bk0 + 4)):
+            for bi in range(bi0, min(nbi, bi0 + 4)):
+                if nt:
+                    transpose16x16_nt(Y, X, i_a + bi * 16, k_a + bk * 16)
+                else:
+                    transpose16x16(Y, X, i_a + bi * 16, k_a + bk * 16)
+        if nt:
+            sfence()  # this tile's streaming stores visible before the thread moves on
+    for k in prange(K):  # what the blocks leave, element by element (ordinary stores)
+        if k < k_a or k >= k_e:
+            for i in range(M):
+                Y[k, i] = X[i, k]
+        else:
+            for i in range(i_a):
+                Y[k, i] = X[i, k]
+            for i in range(i_e, M):
+                Y[k, i] = X[i, k]
+
+
+@register("transpose", "cpu", "stream", rung=4)
+def transpose_stream(Y, X):
+    """Rung 3 with each 16 x 16 block's 16 rows of Y written by streaming stores (vmovntps: a whole 64-byte line
+    written without being read first), where Y's rows are a whole number of lines (M % 16 == 0) and the blocks
+    start one; elsewhere rung 3's ordinary stores. Rung 3's stores read every line of Y before writing it
+    (write-allocate): 3 lines through the bus per 2 counted; streaming: 2. Predict rung 3's ~36 % of copy ->
+    about 1.5x that if the loads keep up."""
+    i_a = _line_start(Y, Y.shape[1])
+    nt = Y.shape[1] % 16 == 0 and (Y.ctypes.data + 4 * i_a) % 64 == 0
+    _transpose_stream(Y, X, i_a, _line_start(X, X.shape[1]), nt)
 
 
 @njit(cache=True)

@@ -47,11 +47,15 @@ Edge cases (tested in tests/test_ch12_optimizers.py):
 Ladder
   sgd_momentum  cpu/loop        rung 1  one @njit loop, heavy-ball or Nesterov by a flag
   sgd_momentum  cpu/prange      rung 2  the same loop split over cores
+  sgd_momentum  cpu/stream      rung 3  16-float vectors, p' and b' by streaming stores (no read of the lines
+                                        before they are written: 20 B/param through the bus, not 28)
   sgd_momentum  gpu/fused       rung 1  one thread per parameter, 20 B/param
   sgd_momentum  gpu/torch       base    torch.optim.SGD(momentum=..., nesterov=...), foreach
   adam          cpu/loop, gpu/fused     Adam with L2 decay folded into the gradient
   adamw         cpu/loop        rung 1  one @njit loop
   adamw         cpu/prange      rung 2  split over cores
+  adamw         cpu/stream      rung 3  16-float vectors, p', m', v' by streaming stores: 28 B/param through
+                                        the bus instead of 40 (adam and adamw_clip have the same rung 3)
   adamw         gpu/unfused     rung 1  four elementwise kernels (decay, m, v, update): 48 B/param
   adamw         gpu/fused       rung 2  one kernel, one thread per parameter: 28 B/param
   adamw         gpu/fused_ilp4  rung 3  each thread updates 4 parameters a block apart: same bytes, more
@@ -83,7 +87,8 @@ import functools
 import math
 
 import numpy as np
-from ..compiler import cuda, float32, njit, prange
+from ..compiler import (cuda, float32, get_num_threads, njit, prange, sfence, stream_head, vabs16, vadd16, vdiv16,
+                        vload16, vmul16, vsplat16, vsqrt16, vstore16, vstream16, vsub16)
 
 from ..paths import BENCH_DATA
 from ..device import ceil_div
@@ -506,6 +511,156 @@ def _ordered_sum(partials):
     for x in partials:
         s += float(x)
     return s
+
+
+# ----------------------------------------------------------------------- rung 3: 16-float vectors, streaming stores
+# Why rung 2 sat at about half the copy rate (measured, `kernels asm adamw` and one-core A/B runs; chapter 12):
+# every ordinary store to a line that is not cached first reads that line (write-allocate), so AdamW's 28
+# counted bytes per parameter move 40 through the memory bus, and the loop's vdivps + vsqrtps per 8 or 16 lanes
+# sit on the same core as the loads. Rung 3 writes p', m', v' with streaming stores (vmovntps: whole 64-byte
+# lines, no read first), from 16-float vectors of the compiler door. The element math is rung 2's, lane for lane
+# (same operations, same order: bit-identical results); the first elements up to where the outputs' lines start,
+# and the last n % 16, take the scalar path with ordinary stores. Outputs that do not share one alignment (a view
+# at an odd offset) get ordinary vector stores throughout.
+@njit(cache=True, inline="always")
+def _adam16(p, g, m, v, scale, decay, l2, b1, omb1, b2, omb2, step_size, isb, eps, use_l2):
+    # f32x16 lanes, the same operations as _adam_elem in the same order
+    g = vmul16(scale, g)
+    if use_l2:
+        g = vadd16(g, vmul16(l2, p))
+    p = vmul16(p, decay)
+    m = vadd16(vmul16(b1, m), vmul16(omb1, g))
+    v = vadd16(vmul16(b2, v), vmul16(vmul16(omb2, g), g))
+    p = vsub16(p, vdiv16(vmul16(step_size, m), vadd16(vmul16(vsqrt16(v), isb), eps)))
+    return p, m, v
+
+
+def _chunks(nb):
+    """How many contiguous chunks of 16-float blocks prange deals out: one per thread (each ends with a fence)."""
+    return max(1, min(get_num_threads(), nb))
+
+
+@njit(cache=True, parallel=True)
+def _adam_stream(p_new, m_new, v_new, p, g, m, v, scale, decay, l2, b1, omb1, b2, omb2, step_size, isb, eps, head,
+                 nch):
+    # p, g, m, v (N,) -> p_new, m_new, v_new (N,); head: first index where all three outputs start a 64-byte line
+    # (-1: they do not share one, use ordinary stores); nch: chunks (one per thread)
+    n = p.size
+    nt = head >= 0
+    h = min(max(head, 0), n)
+    nb = (n - h) // 16
+    e = h + nb * 16
+    for i in range(h):  # the head and the tail: scalar, ordinary stores
+        p_new[i], m_new[i], v_new[i] = _adam_elem(p[i], scale * g[i], m[i], v[i], decay, l2, b1, omb1, b2, omb2,
+                                                  step_size, isb, eps)
+    for i in range(e, n):
+        p_new[i], m_new[i], v_new[i] = _adam_elem(p[i], scale * g[i], m[i], v[i], decay, l2, b1, omb1, b2, omb2,
+                                                  step_size, isb, eps)
+    use_l2 = l2 != 0
+    for c in prange(nch):  # one contiguous run of blocks per thread, closed by its own store fence
+        k = (vsplat16(scale), vsplat16(decay), vsplat16(l2), vsplat16(b1), vsplat16(omb1), vsplat16(b2),
+             vsplat16(omb2), vsplat16(step_size), vsplat16(isb), vsplat16(eps))
+        for b in range(c * nb // nch, (c + 1) * nb // nch):
+            i = h + 16 * b
+            pv, mv, vv = _adam16(vload16(p, i), vload16(g, i), vload16(m, i), vload16(v, i), k[0], k[1], k[2], k[3],
+                                 k[4], k[5], k[6], k[7], k[8], k[9], use_l2)
+            if nt:
+                vstream16(p_new, i, pv)
+                vstream16(m_new, i, mv)
+                vstream16(v_new, i, vv)
+            else:
+                vstore16(p_new, i, pv)
+                vstore16(m_new, i, mv)
+                vstore16(v_new, i, vv)
+        if nt:
+            sfence()
+
+
+def _adam_stream_run(p_new, m_new, v_new, p, g, m, v, scale, coeffs):
+    head = stream_head(p_new, m_new, v_new)
+    n = p.shape[0]
+    _adam_stream(p_new, m_new, v_new, p, g, m, v, np.float32(scale), *coeffs, head, _chunks(n // 16))
+
+
+_STREAM_DOC = ("Rung 2's loop on 16-float vectors of the compiler door, p', m', v' written with streaming stores "
+               "(vmovntps, 64-byte aligned; the head and tail scalar, a store fence per thread)")
+
+
+@register("adamw", "cpu", "stream", rung=3)
+def adamw_stream(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps, wd):
+    """Rung 2 on 16-float vectors with streaming stores of p', m', v' (vmovntps: a whole 64-byte line written
+    without reading it first). Rung 2's ordinary stores read each output line before writing it
+    (write-allocate): 40 bytes through the bus per 28 counted. Streaming: 28. One-core A/B on the shared AVX2 EPYC
+    in chapter 12's notes; predict rung 2's ~55 % of copy -> >= 70 %."""
+    _adam_stream_run(p_new, m_new, v_new, p, g, m, v, 1.0, _adam_coeffs(step, lr, beta1, beta2, eps, wd))
+
+
+@register("adam", "cpu", "stream", rung=3)
+def adam_stream(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps, wd):
+    """adamw's rung 3 (the same kernel) with Adam's L2 term: streaming stores of p', m', v', 28 B/param through
+    the bus instead of 40. Predict rung 2's ~52 % of copy -> >= 70 %."""
+    _adam_stream_run(p_new, m_new, v_new, p, g, m, v, 1.0, _adam_coeffs(step, lr, beta1, beta2, eps, wd, False))
+
+
+@register("adamw_clip", "cpu", "stream", rung=3)
+def adamw_clip_stream(p_new, m_new, v_new, p, g, m, v, step, lr, beta1, beta2, eps, wd, max_norm):
+    """Rung 2's norm pass (64 fixed float64 chunks, the same bits on any thread count), then adamw's rung 3 with
+    g scaled on the fly: streaming stores of p', m', v', 32 B/param through the bus instead of 44. Predict rung
+    2's ~36 % of copy -> >= 70 %."""
+    partials = np.empty(CLIP_CHUNKS, dtype=np.float64)
+    _sumsq_chunks(partials, g)
+    scale = _clip_from_sumsq(_ordered_sum(partials), max_norm)
+    _adam_stream_run(p_new, m_new, v_new, p, g, m, v, scale, _adam_coeffs(step, lr, beta1, beta2, eps, wd))
+
+
+@njit(cache=True, inline="always")
+def _sgd_elem(p, g, b, lr, mu, wd, nesterov):
+    gt = g + wd * p if wd != 0 else g
+    bi = mu * b + gt
+    return p - lr * (gt + mu * bi if nesterov else bi), bi
+
+
+@njit(cache=True, parallel=True)
+def _sgd_stream(p_new, b_new, p, g, b, lr, mu, wd, nesterov, head, nch):
+    # p, g, b (N,) -> p_new, b_new (N,); head and nch as in _adam_stream
+    n = p.size
+    nt = head >= 0
+    h = min(max(head, 0), n)
+    nb = (n - h) // 16
+    e = h + nb * 16
+    for i in range(h):  # the head and the tail: scalar, ordinary stores
+        p_new[i], b_new[i] = _sgd_elem(p[i], g[i], b[i], lr, mu, wd, nesterov)
+    for i in range(e, n):
+        p_new[i], b_new[i] = _sgd_elem(p[i], g[i], b[i], lr, mu, wd, nesterov)
+    use_wd = wd != 0
+    for c in prange(nch):
+        lr_v, mu_v, wd_v = vsplat16(lr), vsplat16(mu), vsplat16(wd)
+        for blk in range(c * nb // nch, (c + 1) * nb // nch):
+            i = h + 16 * blk
+            pv = vload16(p, i)
+            gt = vload16(g, i)
+            if use_wd:
+                gt = vadd16(gt, vmul16(wd_v, pv))
+            bv = vadd16(vmul16(mu_v, vload16(b, i)), gt)
+            step = vadd16(gt, vmul16(mu_v, bv)) if nesterov else bv
+            pv = vsub16(pv, vmul16(lr_v, step))
+            if nt:
+                vstream16(b_new, i, bv)
+                vstream16(p_new, i, pv)
+            else:
+                vstore16(b_new, i, bv)
+                vstore16(p_new, i, pv)
+        if nt:
+            sfence()
+
+
+@register("sgd_momentum", "cpu", "stream", rung=3)
+def sgd_momentum_stream(p_new, b_new, p, g, b, lr, momentum, wd, nesterov):
+    """Rung 2 on 16-float vectors with streaming stores of p' and b': 20 B/param through the bus instead of 28
+    (write-allocate reads each output line first). Predict rung 2's ~49 % of copy -> >= 70 %."""
+    f = np.float32
+    _sgd_stream(p_new, b_new, p, g, b, f(lr), f(momentum), f(wd), bool(nesterov), stream_head(p_new, b_new),
+                _chunks(p.shape[0] // 16))
 
 
 # ========================================================================================== GPU
@@ -1150,6 +1305,48 @@ def adam_first_update_prange(du_bc, du_nobc, g, lr, beta1, beta2, eps):
     a_nobc = -lr * (1.0 - beta1)
     s_nobc = math.sqrt(1.0 - beta2)
     _first_update_prange(du_bc, du_nobc, g, a_bc, s_bc, a_nobc, s_nobc, eps)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _first_update_stream(du_bc, du_nobc, g, a_bc, s_bc, a_nobc, s_nobc, eps, head, nch):
+    # g (N,) -> du_bc, du_nobc (N,): rung 2's formula in float32 on 16-float vectors, streaming stores
+    n = g.size
+    nt = head >= 0
+    h = min(max(head, 0), n)
+    nb = (n - h) // 16
+    e = h + nb * 16
+    for i in range(h):  # the head and the tail: scalar, ordinary stores
+        du_bc[i] = a_bc * g[i] / (s_bc * abs(g[i]) + eps)
+        du_nobc[i] = a_nobc * g[i] / (s_nobc * abs(g[i]) + eps)
+    for i in range(e, n):
+        du_bc[i] = a_bc * g[i] / (s_bc * abs(g[i]) + eps)
+        du_nobc[i] = a_nobc * g[i] / (s_nobc * abs(g[i]) + eps)
+    for c in prange(nch):
+        ab, sb, an, sn, ev = vsplat16(a_bc), vsplat16(s_bc), vsplat16(a_nobc), vsplat16(s_nobc), vsplat16(eps)
+        for blk in range(c * nb // nch, (c + 1) * nb // nch):
+            i = h + 16 * blk
+            x = vload16(g, i)
+            ax = vabs16(x)
+            bc = vdiv16(vmul16(ab, x), vadd16(vmul16(sb, ax), ev))
+            nobc = vdiv16(vmul16(an, x), vadd16(vmul16(sn, ax), ev))
+            if nt:
+                vstream16(du_bc, i, bc)
+                vstream16(du_nobc, i, nobc)
+            else:
+                vstore16(du_bc, i, bc)
+                vstore16(du_nobc, i, nobc)
+        if nt:
+            sfence()
+
+
+@register("adam_first_update", "cpu", "stream", rung=3)
+def adam_first_update_stream(du_bc, du_nobc, g, lr, beta1, beta2, eps):
+    """Rung 2's hoisted formula on 16-float vectors in float32 (rung 2 computed in float64: half the lanes per
+    instruction and two conversions per element), both outputs written with streaming stores: 12 B/param
+    through the bus instead of 20 (write-allocate). Predict rung 2's ~41 % of copy -> >= 70 %."""
+    f = np.float32
+    _first_update_stream(du_bc, du_nobc, g, f(-lr), f(1.0), f(-lr * (1.0 - beta1)), f(math.sqrt(1.0 - beta2)),
+                         f(eps), stream_head(du_bc, du_nobc), _chunks(g.shape[0] // 16))
 
 
 def make_inputs_vanish(size, dtype, rng):
