@@ -344,8 +344,9 @@ def transpose_stream(Y, X):
     """Rung 3 with each 16 x 16 block's 16 rows of Y written by streaming stores (vmovntps: a whole 64-byte line
     written without being read first), where Y's rows are a whole number of lines (M % 16 == 0) and the blocks
     start one; elsewhere rung 3's ordinary stores. Rung 3's stores read every line of Y before writing it
-    (write-allocate): 3 lines through the bus per 2 counted; streaming: 2. Predict rung 3's ~36 % of copy ->
-    about 1.5x that if the loads keep up."""
+    (write-allocate): 3 lines through the bus per 2 counted; streaming: 2. A/B in one process on a busy 2-core
+    AVX2 EPYC (no AVX-512: each block is shuffled in ymm halves), 4096^2: 1.2-1.3x rung 3 on two threads,
+    1.35-1.5x on one. Predict rung 3's ~36 % of copy -> about 1.3x that (the strided loads of X remain)."""
     i_a = _line_start(Y, Y.shape[1])
     nt = Y.shape[1] % 16 == 0 and (Y.ctypes.data + 4 * i_a) % 64 == 0
     _transpose_stream(Y, X, i_a, _line_start(X, X.shape[1]), nt)
