@@ -16,6 +16,8 @@ Ladder
   cpu/torch         baseline  torch.bincount of the clamped values on the CPU
   cpu/seq           rung 1    one loop, counts[clamp(x[i])] += 1
   cpu/private       rung 2    prange: one private histogram per chunk, added at the end (no sharing)
+  cpu/sub4          rung 3    rung 2 with 4 sub-histograms per chunk (element i counts into copy i % 4), so
+                              equal neighbours no longer wait on each other's increment
   gpu/global_atomics rung 1   every element is one atomicAdd on the counter in global memory (L2)
   gpu/privatized    rung 2    each block counts into its own copy of the bins in shared memory, then adds
                               its non-zero counts to global memory: n shared atomics + bins global ones
@@ -169,6 +171,54 @@ def hist_private_cpu(counts, x, bins):
 
     P = max(1, min(get_num_threads(), x.size))
     hist_private(counts, x, bins, np.empty((P, bins), np.int32))
+
+
+@njit(parallel=True, cache=True)
+def hist_sub4(counts, x, bins, priv):
+    # priv (P, 4 * bins): per chunk, 4 sub-histograms; element i of a chunk counts into sub-histogram i % 4
+    n = x.size
+    P = priv.shape[0]
+    per = (n + P - 1) // P
+    for p in prange(P):
+        sub = priv[p]
+        for b in range(4 * bins):
+            sub[b] = 0
+        h0 = sub[0:bins]  # 1-D views: one address computation per increment, not a 2-D index
+        h1 = sub[bins:2 * bins]
+        h2 = sub[2 * bins:3 * bins]
+        h3 = sub[3 * bins:4 * bins]
+        lo = p * per
+        hi = min(n, lo + per)
+        i = lo
+        while i + 4 <= hi:  # 4 increments in flight even when all 4 values are equal
+            h0[clamp_bin(x[i], bins)] += 1
+            h1[clamp_bin(x[i + 1], bins)] += 1
+            h2[clamp_bin(x[i + 2], bins)] += 1
+            h3[clamp_bin(x[i + 3], bins)] += 1
+            i += 4
+        while i < hi:
+            h0[clamp_bin(x[i], bins)] += 1
+            i += 1
+    for b in prange(bins):
+        s = 0
+        for p in range(P):
+            s += priv[p, b] + priv[p, bins + b] + priv[p, 2 * bins + b] + priv[p, 3 * bins + b]
+        counts[b] = s
+
+
+@register("histogram", "cpu", "sub4", rung=3)
+def hist_sub4_cpu(counts, x, bins):
+    """Rung 2 is held back by its data: an increment is a load, an add and a store to the same counter, so
+    when x[i] == x[i-1] (often, on skewed data) the second load waits for the first store to be forwarded,
+    ~5 cycles per element, and the core runs one increment at a time. With 4 sub-histograms (element i
+    into copy i % 4, summed at the end) 4 increments are always independent. Predict ~2-3x rung 2 on the
+    Zipf input, less on uniform data (fewer repeats), and still far below copy: every element remains a
+    scattered load and store, not a stream."""
+    check_args(counts, x, bins)
+    from ..compiler import get_num_threads
+
+    P = max(1, min(get_num_threads(), x.size))
+    hist_sub4(counts, x, bins, np.empty((P, 4 * bins), np.int32))
 
 
 # --------------------------------------------------------------------------------------------- GPU

@@ -22,6 +22,8 @@ linear_bwd_db
   cpu/numpy     baseline: G.sum(axis=0)
   cpu/loop      rung 1  row by row, adding each row of G into float64 column accumulators
   cpu/prange    rung 2  columns split over cores
+  cpu/rows      rung 3  fixed blocks of rows over cores, each added row by row into its own float64
+                        column sums (contiguous, SIMD), the blocks' sums added in block order
   gpu/column    rung 1  one thread per column, a loop over the M rows
   gpu/tree      rung 2  a (32 x 8)-thread block per 32 columns: 8 row-lanes each sum every 8th row,
                         then a 3-level tree in shared memory adds the 8 lanes
@@ -389,6 +391,39 @@ def _db_prange(db, G):
         db[n] = acc
 
 
+DB_CHUNK = 1 << 16  # elements of G per block of rows: the blocks, not the threads, fix the order of the sums
+
+
+@njit(parallel=True, cache=True)
+def _db_rows(db, G, parts, R):
+    # G (M,N) -> db (N,); parts (C,N) float64: block c's column sums over rows [cR, cR + R)
+    M, N = G.shape
+    for c in prange(parts.shape[0]):
+        acc = parts[c]
+        for n in range(N):
+            acc[n] = 0.0
+        lo = c * R
+        hi = min(M, lo + R)
+        m = lo
+        while m + 4 <= hi:  # 4 rows per sweep of the sums: a quarter of the loads and stores of acc
+            g0 = G[m]
+            g1 = G[m + 1]
+            g2 = G[m + 2]
+            g3 = G[m + 3]
+            for n in range(N):  # contiguous rows into contiguous sums: SIMD loads, converts and adds
+                acc[n] += (np.float64(g0[n]) + np.float64(g1[n])) + (np.float64(g2[n]) + np.float64(g3[n]))
+            m += 4
+        for r in range(m, hi):
+            g = G[r]
+            for n in range(N):
+                acc[n] += g[n]
+    for n in range(N):
+        s = 0.0
+        for c in range(parts.shape[0]):  # block order: the same sums whatever the number of threads
+            s += parts[c, n]
+        db[n] = s
+
+
 @register("linear_bwd_db", "cpu", "loop", rung=1)
 def linear_bwd_db_loop(db, G):
     """Row by row: each row of G is read contiguously and added into N float64 accumulators. One pass
@@ -402,6 +437,19 @@ def linear_bwd_db_prange(db, G):
     is large enough to share out, and the strided walk costs bandwidth: predicted slower than the
     loop for the MLP's N = 3 or 64."""
     _db_prange(db, G)
+
+
+@register("linear_bwd_db", "cpu", "rows", rung=3)
+def linear_bwd_db_rows(db, G):
+    """Rung 1's row-by-row walk, split over cores by blocks of rows (about 64K elements each) instead of
+    rung 2's strided columns: every core streams its rows contiguously, 4 at a time, into its own N float64
+    sums (in L1 for N up to a few thousand), then the blocks' sums are added in block order (deterministic).
+    4MN bytes read once, nothing written but db: predict ~cores x rung 1 until DRAM is the limit, about
+    the copy bandwidth or more at 65536 x 256 (a read-only stream; the copy also writes)."""
+    M, N = G.shape
+    R = max(1, DB_CHUNK // max(N, 1))
+    parts = np.empty((max(1, -(-M // R)), N))
+    _db_rows(db, G, parts, R)
 
 
 # --------------------------------------------------------------------------------------- GPU
