@@ -11,13 +11,15 @@
                             work paired per task
   cpu/numpy        baseline the formula with NumPy matmuls in float32 (the S x T scores materialized)
   cpu/torch        baseline torch.nn.functional.scaled_dot_product_attention on the CPU
-attention_scores: cpu/loop; attention_bwd and attention_bwd_dv: cpu/prange.
+attention_scores: cpu/loop, cpu/prange, cpu/tiles (4 rows x 16 keys in zmm registers); attention_bwd and attention_bwd_dv: cpu/prange.
 """
 from __future__ import annotations
 import math
 import numpy as np
 
 from ..compiler import get_num_threads, njit, prange
+from ..compiler.cpuint8 import vmul16
+from ..compiler.cpusimd import vfma16, vload16, vsplat16, vstore16, vzero16
 from ..registry import register
 from .reductions import FAST_MATH
 from .cpu_baselines import torch_cpu, tviews
@@ -654,6 +656,75 @@ def attention_scores_prange(sc, q, k, v, kv_len, causal):
     """Score rows over the cores (issue 36), the visibility test taken out of the inner loop (visible keys,
     then a fill of -inf). The writes of S x T scores dominate; predict >= 70 % of copy from ~58 %."""
     _scores_prange(sc, q, k, v, kv_len, causal)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _scores_tiles(sc, q, k, kt, kv_len, causal):
+    # sc (B,H,S,T); q (B,H,S,D); k (B,Hkv,T,D); kt (B,Hkv,D,T) scratch for K transposed
+    B, H, S, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    g = H // Hkv
+    scale = vsplat16(np.float32(1.0 / math.sqrt(D)))
+    for bhd in prange(B * Hkv * D):  # K^T, so that 16 consecutive keys of one dimension are one vector load
+        d = bhd % D
+        hk = (bhd // D) % Hkv
+        b = bhd // (D * Hkv)
+        for j in range(T):
+            kt[b, hk, d, j] = k[b, hk, j, d]
+    nI = (S + 3) // 4
+    for task in prange(B * H * nI):  # 4 query rows x 16 keys per tile: 4 sums in zmm registers
+        i0 = 4 * (task % nI)
+        h = (task // nI) % H
+        b = task // (nI * H)
+        hk = h // g
+        i1, i2, i3 = min(i0 + 1, S - 1), min(i0 + 2, S - 1), min(i0 + 3, S - 1)  # clamped: recomputes row S-1
+        jmax = 0
+        for i in range(i0, min(i0 + 4, S)):  # the widest visible prefix of the 4 rows
+            lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+            jmax = max(jmax, max(0, min(T, lim)))
+        q0, q1, q2, q3 = q[b, h, i0], q[b, h, i1], q[b, h, i2], q[b, h, i3]
+        for j0 in range(0, jmax - 15, 16):
+            a0 = vzero16()
+            a1 = vzero16()
+            a2 = vzero16()
+            a3 = vzero16()
+            for d in range(D):
+                kv = vload16(kt[b, hk, d], j0)
+                a0 = vfma16(vsplat16(q0[d]), kv, a0)
+                a1 = vfma16(vsplat16(q1[d]), kv, a1)
+                a2 = vfma16(vsplat16(q2[d]), kv, a2)
+                a3 = vfma16(vsplat16(q3[d]), kv, a3)
+            vstore16(sc[b, h, i0], j0, vmul16(a0, scale))  # a row's masked keys are overwritten below
+            vstore16(sc[b, h, i1], j0, vmul16(a1, scale))
+            vstore16(sc[b, h, i2], j0, vmul16(a2, scale))
+            vstore16(sc[b, h, i3], j0, vmul16(a3, scale))
+        jt = jmax - jmax % 16
+        for i in range(i0, min(i0 + 4, S)):
+            lim = min(kv_len[b], i + T - S + 1) if causal else kv_len[b]
+            lim = max(0, min(T, lim))
+            for j in range(jt, lim):  # the last keys, fewer than 16: one dot product each
+                x = np.float32(0.0)
+                for d in range(D):
+                    x += q[b, h, i, d] * kt[b, hk, d, j]
+                sc[b, h, i, j] = x * np.float32(1.0 / math.sqrt(D))
+            for j in range(lim, T):
+                sc[b, h, i, j] = -np.inf
+
+
+@register("attention_scores", "cpu", "tiles", rung=3)
+def attention_scores_tiles(sc, q, k, v, kv_len, causal):
+    """Score tiles of 4 query rows x 16 keys held in 4 zmm registers (issue 36), K transposed first (in the
+    kernel, over the cores) so that one vector load brings 16 keys of one dimension and each FMA, its q value
+    broadcast from memory, does 16 scores. `kernels asm` of rung 2 on the AVX-512 machine: its dot product along
+    D is vectorized, but then the 16 lanes are folded into one score (vextractf64x4, vextractf128, vshufpd,
+    vmovshdup, 4 adds), ~8 instructions of fold per score against its 4 FMAs at D = 64. Here there is no fold:
+    1 load and 4 FMAs per dimension for 4 x 16 scores (4 independent sums, so at the FMA's 4-cycle latency
+    half the rate of its two ports; a tile of 8 sums spills on AVX2's 16 registers). At the bench size the op
+    is compute-bound: 2*S*T*D flops on (S*(T+D) + T*D)*4 bytes per head is ~21 flop/byte, against the
+    machine's ~6.6 (numpy.matmul's flop/s over copy bandwidth), so 70 % of copy would take more than
+    numpy.matmul's flop/s. Predict ~2x rung 2, ~25 % of copy."""
+    kt = np.empty((k.shape[0], k.shape[1], k.shape[3], k.shape[2]), np.float32)
+    _scores_tiles(sc, q, k, kt, kv_len, causal)
 
 
 @njit(parallel=True, cache=True, error_model="numpy", fastmath=FAST_MATH)
