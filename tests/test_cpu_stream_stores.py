@@ -141,8 +141,11 @@ def test_rungs_compile_to_streaming_stores():
     outs = [np.empty_like(p) for _ in range(3)]
     co = optim._adam_coeffs(3, 1e-3, 0.9, 0.999, 1e-8, 0.01)
     adam = _asm(optim._adam_stream.py_func, *outs, p, g, m, v, np.float32(1), *co, stream_head(*outs), 2)
-    X = rng.standard_normal((64, 64)).astype(np.float32)
-    tr = _asm(E._transpose_stream.py_func, np.empty_like(X), X, 0, 0, True)
+    X = _placed(64 * 64, 0, rng).reshape(64, 64)  # both start a line: every block row of Y does
+    X[:] = rng.standard_normal((64, 64))
+    Y = _placed(64 * 64, 0, rng).reshape(64, 64)
+    tr = _asm(E._transpose_stream.py_func, Y, X, 0, 0, True)
+    assert np.array_equal(Y, X.T)
     ok, _ = zmm_kernels()
     reg = "zmm" if ok else "[yz]mm"  # AVX2: each 16-float store is two 32-byte ones
     for code, stores in ((adam, 3), (tr, 16)):

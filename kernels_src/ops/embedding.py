@@ -21,8 +21,9 @@ Ladder (every op)
   transpose: cpu/tiles rung 2   64x64 tiles over the cores, each read and written while it sits in L1
   transpose: cpu/regs16 rung 3  the tiles moved as 16x16 blocks transposed in registers (whole-line loads
                       and stores, shuffles between them: compiler.transpose16x16)
-  transpose: cpu/stream rung 4  rung 3 with Y's 16 rows of each block written by streaming stores (vmovntps:
-                      whole lines, not read first: compiler.transpose16x16_nt) where Y's lines allow it
+  transpose: cpu/stream rung 4  rung 3's blocks with Y's 16 rows written by streaming stores (vmovntps: whole
+                      lines, not read first: compiler.transpose16x16_nt) where Y's lines allow it, in
+                      256x256 tiles walked along X's rows
   transpose: gpu/smem rung 2  32x32 tiles through shared memory (padded to 33 columns: no bank
                       conflicts), so both the reads and the writes coalesce
 The scatter-add is deterministic on both backends: a thread (or core) owns a column of the table and
@@ -308,20 +309,24 @@ def transpose_regs16(Y, X):
     _transpose_regs16(Y, X, _line_start(Y, Y.shape[1]), _line_start(X, X.shape[1]))
 
 
+TB = 16  # rung 4's tile: 16 x 16 blocks of 16 x 16 (256 x 256 floats)
+
+
 @njit(cache=True, parallel=True)
 def _transpose_stream(Y, X, i_a, k_a, nt):
-    # rung 3's loops; nt: every block row &Y[k, i_a + 16 bi] starts a 64-byte line, so the blocks' stores stream
+    # rung 3's blocks in 256 x 256 tiles walked along X's rows; nt: every block row &Y[k, i_a + 16 bi] starts a
+    # 64-byte line, so the blocks' stores stream
     M, K = X.shape
     nbi = (M - i_a) // 16
     nbk = (K - k_a) // 16
     i_e = i_a + nbi * 16
     k_e = k_a + nbk * 16
-    tk = (nbk + 3) // 4
-    for t in prange(((nbi + 3) // 4) * tk):
-        bi0 = (t // tk) * 4
-        bk0 = (t % tk) * 4
-        for bk in range(bk0, min(nbk, bk0 + 4)):
-            for bi in range(bi0, min(nbi, bi0 + 4)):
+    tk = (nbk + TB - 1) // TB
+    for t in prange(((nbi + TB - 1) // TB) * tk):
+        bi0 = (t // tk) * TB
+        bk0 = (t % tk) * TB
+        for bi in range(bi0, min(nbi, bi0 + TB)):  # 16 rows of X, read left to right: 16 sequential streams
+            for bk in range(bk0, min(nbk, bk0 + TB)):
                 if nt:
                     transpose16x16_nt(Y, X, i_a + bi * 16, k_a + bk * 16)
                 else:
@@ -344,9 +349,12 @@ def transpose_stream(Y, X):
     """Rung 3 with each 16 x 16 block's 16 rows of Y written by streaming stores (vmovntps: a whole 64-byte line
     written without being read first), where Y's rows are a whole number of lines (M % 16 == 0) and the blocks
     start one; elsewhere rung 3's ordinary stores. Rung 3's stores read every line of Y before writing it
-    (write-allocate): 3 lines through the bus per 2 counted; streaming: 2. A/B in one process on a busy 2-core
-    AVX2 EPYC (no AVX-512: each block is shuffled in ymm halves), 4096^2: 1.2-1.3x rung 3 on two threads,
-    1.35-1.5x on one. Predict rung 3's ~36 % of copy -> about 1.3x that (the strided loads of X remain)."""
+    (write-allocate): 3 lines through the bus per 2 counted; streaming: 2. The blocks go in 256 x 256 tiles walked
+    along X's rows (16 rows read left to right: sequential streams the prefetcher follows), where rung 3 walked
+    64 x 64 tiles down X's columns. A/B in one process on a busy 2-core AVX2 EPYC (no AVX-512: each block is
+    shuffled in ymm halves), 4096^2: streaming stores alone (rung 3's tiles and order) 1.2-1.3x rung 3; this rung
+    1.9x rung 3 on two threads (49-50 % of that run's copy against 26-27 %) and 2.2x on one. Predict rung 3's
+    ~36 % of copy -> >= 70 %."""
     i_a = _line_start(Y, Y.shape[1])
     nt = Y.shape[1] % 16 == 0 and (Y.ctypes.data + 4 * i_a) % 64 == 0
     _transpose_stream(Y, X, i_a, _line_start(X, X.shape[1]), nt)
