@@ -402,20 +402,9 @@ def _db_rows(db, G, parts, R):
         acc = parts[c]
         for n in range(N):
             acc[n] = 0.0
-        lo = c * R
-        hi = min(M, lo + R)
-        m = lo
-        while m + 4 <= hi:  # 4 rows per sweep of the sums: a quarter of the loads and stores of acc
-            g0 = G[m]
-            g1 = G[m + 1]
-            g2 = G[m + 2]
-            g3 = G[m + 3]
-            for n in range(N):  # contiguous rows into contiguous sums: SIMD loads, converts and adds
-                acc[n] += (np.float64(g0[n]) + np.float64(g1[n])) + (np.float64(g2[n]) + np.float64(g3[n]))
-            m += 4
-        for r in range(m, hi):
-            g = G[r]
-            for n in range(N):
+        for m in range(c * R, min(M, (c + 1) * R)):
+            g = G[m]
+            for n in range(N):  # contiguous row into contiguous sums: SIMD loads, converts and adds
                 acc[n] += g[n]
     for n in range(N):
         s = 0.0
@@ -442,8 +431,8 @@ def linear_bwd_db_prange(db, G):
 @register("linear_bwd_db", "cpu", "rows", rung=3)
 def linear_bwd_db_rows(db, G):
     """Rung 1's row-by-row walk, split over cores by blocks of rows (about 64K elements each) instead of
-    rung 2's strided columns: every core streams its rows contiguously, 4 at a time, into its own N float64
-    sums (in L1 for N up to a few thousand), then the blocks' sums are added in block order (deterministic).
+    rung 2's strided columns: every core streams its rows contiguously into its own N float64 sums
+    (in L1 for N up to a few thousand), then the blocks' sums are added in block order (deterministic).
     4MN bytes read once, nothing written but db: predict ~cores x rung 1 until DRAM is the limit, about
     the copy bandwidth or more at 65536 x 256 (a read-only stream; the copy also writes)."""
     M, N = G.shape
