@@ -31,8 +31,8 @@ def _decide(dev, role, M, N, K, table=None):
     ("sim", "gemm", (1, 17, 9), "gemv/gpu/splitk", "gemv"),                          # no shuffles in the simulator
     ("sim", "gemm_nt", (1, 17, 9), "gemv_wx/gpu/warp_per_row_smem", "gemv"),
     ("sim", "gemm", (33, 17, 9), "gemm/gpu/coalesced", "large"),
-    ("cpu", "gemm", (1, 17, 9), "gemv/cpu/prange", "gemv"),
-    ("cpu", "gemm_tn", (512, 1536, 4096), "gemm/cpu/packed_par", "large"),
+    ("cpu", "gemm", (1, 17, 9), "gemv/cpu/rows8_prange", "gemv"),
+    ("cpu", "gemm_tn", (512, 1536, 4096), "gemm/cpu/zmm_par", "large_zmm"),  # unchecked: as on AVX-512
 ])
 def test_decisions_by_shape(dev, role, shape, variant, rule):
     d = _decide(dev, role, *shape)
@@ -50,7 +50,7 @@ def test_decisions_by_shape(dev, role, shape, variant, rule):
     # above qgemv_split_max_weights, DRAM bound: rung 6, the sweep's winner at 4096^2-8192^2
     ("gpu", "q4_0", 8192, 8192, "qgemv_q4_0/gpu/packed_warp", "fixed"),
     ("gpu", "q8_0", 14336, 4096, "qgemv_q8_0/gpu/packed_warp", "fixed"),
-    ("cpu", "q4_0", 2304, 768, "qgemv_q4_0/cpu/fused_prange", "fixed"),
+    ("cpu", "q4_0", 2304, 768, "qgemv_q4_0/cpu/packed_rows4", "fixed"),
 ])
 def test_quantized_gemv_decisions(dev, fmt, N, K, variant, rule):
     d = D.Dispatcher(dev, table={}, check=False).decide(f"qgemv_{fmt}", {"N": N, "K": K})
@@ -148,7 +148,38 @@ def test_decisions_are_cached_per_shape():
     a = [np.zeros((1, 8), np.float32), np.zeros((1, 4), np.float32), np.zeros((4, 8), np.float32)]
     b = [np.zeros((3, 8), np.float32), np.zeros((3, 4), np.float32), np.zeros((4, 8), np.float32)]
     assert d.pick("gemm", *a) is d.pick("gemm", *a)
-    assert d.pick("gemm", *a).rule == "gemv" and d.pick("gemm", *b).rule == "large"
+    assert d.pick("gemm", *a).rule == "gemv" and d.pick("gemm", *b).rule in ("large_zmm", "large")
+
+
+@pytest.mark.parametrize("avx512", [True, False])
+def test_the_cpu_gemm_falls_back_to_rung_8_without_avx512(monkeypatch, avx512):
+    """Rung 9 needs AVX-512 (its requires= says so): where it is skipped, the next rule serves the call."""
+    v = D.registry.get_variant("gemm/cpu/zmm_par")
+    monkeypatch.setattr(v, "requires", lambda: (avx512, "" if avx512 else "needs AVX-512 (this CPU has none)"))
+    d = D.Dispatcher("cpu", table={}).decide("gemm", {"M": 64, "N": 64, "K": 64})
+    assert (d.variant, d.rule) == (("gemm/cpu/zmm_par", "large_zmm") if avx512 else ("gemm/cpu/packed_par", "large"))
+
+
+def test_the_cpu_picks_are_the_committed_boards_best_rungs():
+    """Each CPU rule runs the fastest course rung of its op on the committed CPU scoreboard (kernels cpuboard), so a
+    faster rung added to a chapter reaches the model too: for every op a role's CPU rules name, the first rule
+    naming that op names the board's best rung."""
+    from kernels_src.figures import cpu as cpufig
+
+    board = cpufig.load_board()
+    if board is None:
+        pytest.skip("no committed CPU scoreboard")
+    best = {r["op"]: r["best"] for r in board["rows"]}
+    stale = []
+    for role, rules in D.POLICIES.items():
+        first = {}
+        for rule in rules:
+            key = rule.variants.get("cpu")
+            if key:
+                first.setdefault(key.split("/")[0], key)
+        stale += [f"{role}: {key}, but the board's best is {op}/cpu/{best[op]}" for op, key in first.items()
+                  if op in best and key != f"{op}/cpu/{best[op]}"]
+    assert not stale, "\n".join(stale)
 
 
 def test_explain_lists_every_call_of_a_step():

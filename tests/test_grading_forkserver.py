@@ -76,7 +76,7 @@ def test_hangs_exits_and_signals_end_the_same_way(monkeypatch, source, status):
     got = {}
     for forked in (False, True):
         monkeypatch.setenv("KERNELS_GRADING_FORKSERVER", "1" if forked else "0")
-        res = sandbox.run({"mode": "plan", "cases": []}, source, timeout=5 if status == "timeout" else 120)
+        res = sandbox.run({"mode": "plan", "cases": []}, source, timeout=2 if status == "timeout" else 120)
         got[forked] = (res.status, res.returncode if status != "timeout" else None)
     assert got[True] == got[False] and got[True][0] == status, got
 
@@ -106,6 +106,32 @@ def test_a_dead_server_is_replaced_and_its_worker_still_reported(monkeypatch):
     sandbox.run({"mode": "plan", "cases": []}, kill_parent, timeout=20)
     probe, res = _probe(monkeypatch, True)
     assert set(probe["fds"]) <= {0, 1, 2, 3} and res.output_tail
+
+
+def test_a_server_that_does_not_answer_is_given_up_and_runs_nothing_late(monkeypatch):
+    """A server too slow to answer (stopped here with SIGSTOP) is given up on: the job runs in a fresh process, and
+    the worker that server forks for the job afterwards runs nothing (it exits NOT_STARTED), so a job never runs
+    twice in its directory; the next job gets a new server."""
+    import signal
+    import time
+
+    monkeypatch.setenv("KERNELS_GRADING_FORKSERVER", "1")
+    sandbox.run({"mode": "plan", "cases": []}, "x = 1\n", timeout=120)  # a warm server for this mode
+    key, server = next((k, s) for k, s in forkserver._servers.items() if k[0] == "sim")
+    monkeypatch.setattr(forkserver._Server, "REPLY_TIMEOUT", 0.5)
+    # Instead of dying when given up on, the stalled server wakes up, forks the job's worker and reports it: late.
+    monkeypatch.setattr(server.proc, "kill", lambda: os.kill(server.proc.pid, signal.SIGCONT))
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    res = sandbox.run({"mode": "plan", "cases": []}, "print('@@ran@@')\n", timeout=120)
+    assert res.output_tail.count("@@ran@@") == 1, (res.status, res.message, res.output_tail)
+    assert not server.alive
+    codes, deadline = [], time.monotonic() + 30
+    while not codes and time.monotonic() < deadline:  # the late worker's end, as the server reports it
+        codes = [os.waitstatus_to_exitcode(s[1]) for s in list(server._exits.values()) if s[1] is not None]
+        time.sleep(0.05)
+    assert codes == [forkserver.NOT_STARTED], codes
+    sandbox.run({"mode": "plan", "cases": []}, "x = 1\n", timeout=120)
+    assert forkserver._servers[key] is not server and forkserver._servers[key].alive, "no new server replaced it"
 
 
 def test_the_servers_end_with_the_grader(monkeypatch):

@@ -18,9 +18,12 @@ The grader (:func:`kernels_src.grading.sandbox.run`) falls back to starting a fr
 cannot be used (not Linux, a real GPU, the server failed to start or died), so the server only ever saves time.
 
 Protocol: one ``AF_UNIX`` ``SOCK_SEQPACKET`` pair, JSON messages, descriptors passed with ``SCM_RIGHTS``.
-The grader sends ``{"op": "run", "id", "work", "env", "argv"}`` with the descriptors (output, stdin[, ready]);
+The grader sends ``{"op": "run", "id", "work", "env", "argv"}`` with the descriptors (output, stdin, go[, ready]);
 the server answers ``{"id", "pid"}`` (or ``{"id", "error"}``) and, when the worker ends, ``{"exit": pid,
-"status": <wait status>}``. ``{"op": "kill", "pid"}`` kills a worker's process group.
+"status": <wait status>}``. ``{"op": "kill", "pid"}`` kills a worker's process group. A worker runs nothing until
+the grader, having its pid, writes one byte on the "go" pipe: a server that answers too late (the grader has
+already given up on it and run the job in a fresh process) forks a worker that finds the pipe closed and exits
+with NOT_STARTED, so that no job ever runs twice.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import sys
 import threading
 
 READY_FD = 3  # the worker's "ready" pipe, at the same number in every forked worker
+NOT_STARTED = 75  # a worker's exit status when the grader gave up on its server before letting it start
 _MAX_MSG = 1 << 16
 
 
@@ -70,7 +74,7 @@ def serve(fd: int, env0: dict, main) -> None:
         for key, _ in sel.select():
             if key.data is None:
                 try:
-                    msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 4)
+                    msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MSG, 5)
                 except OSError:
                     return
                 if not msg:
@@ -105,8 +109,8 @@ def serve(fd: int, env0: dict, main) -> None:
 
 
 def _fork_worker(sock, sel, req, fds, made, main) -> int:
-    out_fd, in_fd = fds[0], fds[1]
-    ready_fd = fds[2] if len(fds) > 2 else None
+    out_fd, in_fd, go_fd = fds[0], fds[1], fds[2]
+    ready_fd = fds[3] if len(fds) > 3 else None
     pid = os.fork()
     if pid:
         return pid
@@ -114,6 +118,8 @@ def _fork_worker(sock, sel, req, fds, made, main) -> int:
     try:
         sel.close()  # first: their descriptors' numbers may be reused by the dup2 calls below
         sock.close()
+        if os.read(go_fd, 1) != b"g":  # the grader has given up on this server: run nothing
+            os._exit(NOT_STARTED)
         os.setsid()
         high = [os.dup(f) for f in (out_fd, in_fd) + ((ready_fd,) if ready_fd is not None else ())]
         os.dup2(high[1], 0)
@@ -155,9 +161,10 @@ def _fork_worker(sock, sel, req, fds, made, main) -> int:
 class _Server:
     """One running fork server and the grader's end of its socket."""
 
+    REPLY_TIMEOUT = 60.0  # seconds to wait for a forked worker's pid before the server is given up on
+
     def __init__(self, cmd: list[str], env: dict, cwd: str):
         import subprocess
-        import threading
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
@@ -180,8 +187,6 @@ class _Server:
         self._reader.start()
 
     def _read(self) -> None:
-        import threading
-
         try:
             while True:
                 msg = self.sock.recv(_MAX_MSG)
@@ -189,11 +194,11 @@ class _Server:
                     break
                 m = json.loads(msg)
                 if "exit" in m:
-                    slot = self._exits.setdefault(m["exit"], [threading.Event(), None])
+                    slot = _slot(self._exits, m["exit"])
                     slot[1] = m["status"]
                     slot[0].set()
                 else:
-                    slot = self._replies.setdefault(m.get("id"), [threading.Event(), None])
+                    slot = _slot(self._replies, m.get("id"))
                     slot[1] = m
                     slot[0].set()
         except (OSError, ValueError):
@@ -203,23 +208,37 @@ class _Server:
             slot[0].set()
 
     def start(self, work: str, env: dict, argv: list[str], fds: list[int]) -> int:
-        import threading
+        """Have the server fork a worker for this job (``fds``: output, stdin[, ready]) and let it run; its pid.
 
-        with self._lock:
-            self._ids += 1
-            rid = self._ids
-            slot = self._replies.setdefault(rid, [threading.Event(), None])
-            socket.send_fds(self.sock, [json.dumps({"op": "run", "id": rid, "work": work, "env": env,
-                                                    "argv": argv}).encode()], fds)
-        slot[0].wait(60)
-        reply = self._replies.pop(rid, [None, None])[1]
-        if not reply or "pid" not in reply:
-            raise OSError((reply or {}).get("error", "the fork server did not answer"))
-        pid = int(reply["pid"])
-        import threading as _t
-
-        self._exits.setdefault(pid, [_t.Event(), None])
-        return pid
+        OSError if the server refuses or does not answer within REPLY_TIMEOUT: the caller then runs the job in a
+        fresh process, and this server is given up on (killed), and a worker it forks late runs nothing, because
+        its "go" pipe is closed without the byte."""
+        go_r, go_w = os.pipe()
+        try:
+            with self._lock:
+                self._ids += 1
+                rid = self._ids
+                slot = _slot(self._replies, rid)
+                socket.send_fds(self.sock, [json.dumps({"op": "run", "id": rid, "work": work, "env": env,
+                                                        "argv": argv}).encode()], fds[:2] + [go_r] + fds[2:])
+            os.close(go_r)
+            go_r = None
+            if not slot[0].wait(self.REPLY_TIMEOUT):
+                self._replies.pop(rid, None)
+                self.alive = False
+                self.proc.kill()
+                raise OSError(f"the fork server did not answer within {self.REPLY_TIMEOUT:g} s")
+            reply = self._replies.pop(rid)[1]
+            if not reply or "pid" not in reply:
+                raise OSError((reply or {}).get("error", "the fork server did not answer"))
+            pid = int(reply["pid"])
+            _slot(self._exits, pid)
+            os.write(go_w, b"g")
+            return pid
+        finally:
+            for fd in (go_r, go_w):
+                if fd is not None:
+                    os.close(fd)
 
     def wait(self, pid: int, timeout: float | None) -> int | None:
         """The worker's return code (negative: killed by that signal), or None if ``timeout`` passed first."""
@@ -240,11 +259,8 @@ class _Server:
         return os.waitstatus_to_exitcode(slot[1])
 
     def kill(self, pid: int) -> None:
-        try:
-            os.killpg(pid, signal.SIGKILL)
+        if _killpg(pid):
             return
-        except (ProcessLookupError, PermissionError):
-            pass
         try:
             with self._lock:
                 self.sock.send(json.dumps({"op": "kill", "pid": pid}).encode())
@@ -264,6 +280,20 @@ class _Server:
             self.proc.wait(timeout=10)
         except Exception:  # noqa: BLE001
             self.proc.kill()
+
+
+def _slot(table: dict, key) -> list:
+    """``table[key]``, an [event, value] pair made on first use by whichever side (reader or waiter) comes first."""
+    return table.setdefault(key, [threading.Event(), None])
+
+
+def _killpg(pid: int) -> bool:
+    """Kill a worker and everything it started (each worker leads its own session); False if it could not be."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _ended(pid: int) -> bool:
@@ -314,6 +344,8 @@ def server_for(key, cmd: list[str], env: dict, cwd: str):
             return s
         if key in _failed:
             return None
+        if s is not None:  # it died or was given up on: reap it before its successor starts
+            s.close()
         try:
             s = _Server(cmd, env, cwd)
         except (OSError, ValueError) as e:

@@ -17,7 +17,8 @@ each answered, in this order, by
     gemv     M <= gemv_max_m (default 1: one token): chapter 4's GEMV, once per row (no transpose for gemm_nt:
              W (N,K) is already the y = W x layout)
     splitk   K >= splitk_min_k and fewer than splitk_max_tiles 128x128 output tiles: chapter 5's rung 12
-    large    everything else: chapter 5's warptile GEMM (rung 11); the simulator takes rung 2, CPUs rung 6
+    large    everything else: chapter 5's warptile GEMM (rung 11); the simulator takes rung 2, CPUs rung 9 with
+             AVX-512 (large_zmm), else rung 8
 
 and the quantized products (qgemv_q8_0, qgemv_q4_0) go to the dequantizing GEMV of chapter 11 (weights repacked
 once; K a multiple of 32): rung 10 for small products (K*N <= qgemv_split_max_weights: a decode step's, latency
@@ -160,11 +161,12 @@ def _tiles(s):
 
 MATMUL_ROLES = ("gemm", "gemm_nt", "gemm_tn")
 _GEMV = {  # role -> device -> the GEMV for that layout (gemm_tn has none: its M is a feature count)
-    "gemm": {"cpu": "gemv/cpu/prange", "gpu": "gemv/gpu/splitk_grid", "sim": "gemv/gpu/splitk"},
+    "gemm": {"cpu": "gemv/cpu/rows8_prange", "gpu": "gemv/gpu/splitk_grid", "sim": "gemv/gpu/splitk"},
     "gemm_nt": {"cpu": "gemv_wx/cpu/rows4_prange", "gpu": "gemv_wx/gpu/warp_per_row_vec4",
                 "sim": "gemv_wx/gpu/warp_per_row_smem"},
 }
 _LARGE = {"cpu": "gemm/cpu/packed_par", "gpu": "gemm/gpu/warptile", "sim": "gemm/gpu/coalesced"}
+_LARGE_ZMM = {"cpu": "gemm/cpu/zmm_par"}  # needs AVX-512: elsewhere the next rule's rung 8
 _SPLITK = {"cpu": "", "gpu": "gemm/gpu/splitk", "sim": "gemm/gpu/splitk"}
 
 
@@ -178,6 +180,8 @@ def _mm_policy(role):
                       "one block per (tile, K slice) fills the SMs that whole-K tiles leave idle (chapter 5, rung 12)",
                       lambda s, t: s["K"] >= t["splitk_min_k"] and _tiles(s) < t["splitk_max_tiles"],
                       "K >= splitk_min_k and tiles < splitk_max_tiles"))
+    rules.append(Rule("large_zmm", _LARGE_ZMM, "the general case on a CPU with AVX-512: a 12x32 tile of C in 24 zmm "
+                      "registers (chapter 5, rung 9)"))
     rules.append(Rule("large", _LARGE, "the general case: the fastest GEMM rung for this device (chapter 5)"))
     return rules
 
@@ -186,18 +190,18 @@ _FLASH_D = 128  # flash tiles of chapter 9 fit the 48 KiB static shared-memory l
 _ROW_D = 192  # the row kernel keeps a (64, D) float32 array in shared memory: 48 KiB at D = 192
 POLICIES: dict[str, list[Rule]] = {
     **{r: _mm_policy(r) for r in MATMUL_ROLES},
-    "transpose": [_fixed("transpose/cpu/prange", "transpose/gpu/smem", why="tiled through shared memory (ch 13)")],
+    "transpose": [_fixed("transpose/cpu/regs16", "transpose/gpu/smem", why="tiled through shared memory (ch 13)")],
     "rmsnorm": [_fixed("rmsnorm/cpu/simd", "rmsnorm/gpu/regs_shfl", "rmsnorm/gpu/regs",
                        why="one row per block in registers; warp shuffles on a real GPU (ch 7)")],
-    "add_rmsnorm": [_fixed("add_rmsnorm/cpu/loop", "add_rmsnorm/gpu/shfl", "add_rmsnorm/gpu/smem",
+    "add_rmsnorm": [_fixed("add_rmsnorm/cpu/prange", "add_rmsnorm/gpu/shfl", "add_rmsnorm/gpu/smem",
                            why="residual add + the next RMSNorm in one launch; shuffle sums on a real GPU (ch 14)")],
-    "rmsnorm_bwd": [_fixed("rmsnorm_bwd/cpu/prange", "rmsnorm_bwd/gpu/regs_shfl", "rmsnorm_bwd/gpu/regs",
+    "rmsnorm_bwd": [_fixed("rmsnorm_bwd/cpu/pipe", "rmsnorm_bwd/gpu/regs_shfl", "rmsnorm_bwd/gpu/regs",
                            why="one row per block in registers (ch 7)")],
-    "rope_qkv": [_fixed("rope_kv_write/cpu/loop", "rope_kv_write/gpu/token", why="RoPE, head split and cache "
+    "rope_qkv": [_fixed("rope_kv_write/cpu/prange", "rope_kv_write/gpu/token", why="RoPE, head split and cache "
                         "write in one pass (ch 10)")],
     "rope_qkv_bwd": [_fixed("qkv_rope_bwd/cpu/prange", "qkv_rope_bwd/gpu/thread", why="one thread per pair (ch 13)")],
     "attention": [
-        _fixed("attention/cpu/simd", "attention/gpu/flash_shfl", "attention/gpu/row",
+        _fixed("attention/cpu/microgemm", "attention/gpu/flash_shfl", "attention/gpu/row",
                why="flash tiles read by 16-byte shared loads, skipped above the causal diagonal (ch 9, rung 7); "
                    "the simulator runs the row kernel",
                when=lambda s, t: s["D"] <= _FLASH_D, limit=f"D <= {_FLASH_D}"),
@@ -212,15 +216,15 @@ POLICIES: dict[str, list[Rule]] = {
                       Rule("any_head", {"cpu": "attention_bwd/cpu/prange"}, "the CPU backward has no tile limit")],
     "heads_merge": [_fixed("heads_merge/cpu/prange", "heads_merge/gpu/thread", why="a permute (ch 13)")],
     "heads_split": [_fixed("heads_split/cpu/prange", "heads_split/gpu/thread", why="a permute (ch 13)")],
-    "gelu": [_fixed("gelu/cpu/simd", "gelu/gpu/ilp4", "gelu/gpu/thread", why="4 elements in flight per thread (ch 6)")],
-    "gelu_bwd": [_fixed("gelu_bwd/cpu/simd", "gelu_bwd/gpu/ilp4", "gelu_bwd/gpu/thread", why="as the forward (ch 6)")],
-    "add": [_fixed("axpy/cpu/loop", "axpy/gpu/stride", "axpy/gpu/thread", why="residual add = axpy with a = 1 (ch 1)")],
+    "gelu": [_fixed("gelu/cpu/simd_exp2", "gelu/gpu/ilp4", "gelu/gpu/thread", why="4 elements in flight per thread (ch 6)")],
+    "gelu_bwd": [_fixed("gelu_bwd/cpu/simd_exp2", "gelu_bwd/gpu/ilp4", "gelu_bwd/gpu/thread", why="as the forward (ch 6)")],
+    "add": [_fixed("axpy/cpu/prange", "axpy/gpu/stride", "axpy/gpu/thread", why="residual add = axpy with a = 1 (ch 1)")],
     "embedding": [_fixed("embedding/cpu/prange", "embedding/gpu/thread", why="a row gather (ch 13)")],
-    "embedding_bwd": [_fixed("embedding_bwd/cpu/prange", "embedding_bwd/gpu/thread",
+    "embedding_bwd": [_fixed("embedding_bwd/cpu/dealt", "embedding_bwd/gpu/thread",
                              why="deterministic scatter-add, a thread per column (ch 13)")],
-    "cross_entropy": [_fixed("cross_entropy/cpu/simd_prange", "cross_entropy/gpu/row",
+    "cross_entropy": [_fixed("cross_entropy/cpu/simd_exp2", "cross_entropy/gpu/row",
                              why="fused softmax + loss, one row per block (ch 13)")],
-    "cross_entropy_bwd": [_fixed("cross_entropy_bwd/cpu/simd_prange", "cross_entropy_bwd/gpu/row", why="(ch 13)")],
+    "cross_entropy_bwd": [_fixed("cross_entropy_bwd/cpu/simd_exp2", "cross_entropy_bwd/gpu/row", why="(ch 13)")],
     "sum": [_fixed("reduce_sum/cpu/simd_prange", "reduce_sum/gpu/two_pass", "reduce_sum/gpu/smem_tree",
                    why="the mean loss (ch 7)")],
     "adamw": [_fixed("adamw/cpu/prange", "adamw/gpu/fused_ilp4", "adamw/gpu/fused",
@@ -232,7 +236,7 @@ POLICIES: dict[str, list[Rule]] = {
              lambda s, t: s["S"] <= t["moe_gemv_max_slots"], "T*k <= moe_gemv_max_slots"),
         _fixed("moe_layer/cpu/course", "moe_layer/gpu/course",
                why="router, align, grouped warptile products with the gather in the load, combine (ch 18, rung 1)")],
-    "decode_attention": [_fixed("decode_attention/cpu/prange", "decode_attention/gpu/bfly",
+    "decode_attention": [_fixed("decode_attention/cpu/simd", "decode_attention/gpu/bfly",
                                 "decode_attention/gpu/block",
                                 why="flash-decoding: the cache split over 2 blocks per SM, 16-byte rows, the step's dot "
                                 "products summed by one butterfly; the rows per split follow the filled length (ch 10)")],
@@ -244,7 +248,7 @@ POLICIES: dict[str, list[Rule]] = {
                            "measured on the H100)",
                            lambda s, t: s["K"] % 32 == 0 and s["K"] * s["N"] <= t["qgemv_split_max_weights"],
                            "K a multiple of 32 and K*N <= qgemv_split_max_weights"),
-                      _fixed(f"qgemv_{f}/cpu/fused_prange", f"qgemv_{f}/gpu/packed_warp", f"qgemv_{f}/gpu/warp_per_row",
+                      _fixed(f"qgemv_{f}/cpu/packed_rows4", f"qgemv_{f}/gpu/packed_warp", f"qgemv_{f}/gpu/warp_per_row",
                              why="weights repacked once for 16-byte loads, a warp per output row, several loads in "
                              "flight per lane; x stays fp32 (ch 11, rung 6)",
                              when=lambda s, t: s["K"] % 32 == 0, limit="K a multiple of 32")] for f in ("q8_0", "q4_0")},
@@ -258,7 +262,7 @@ POLICIES: dict[str, list[Rule]] = {
                                   why="the product, then the GELU in place (two launches on a GPU)",
                                   when=lambda s, t: s["K"] % 32 == 0, limit="K a multiple of 32")]
        for f in ("q8_0", "q4_0")},
-    **{f"{f}_{d}": [_fixed(f"{f}_{d}/cpu/njit", f"{f}_{d}/gpu/{'warp_per_block' if d == 'quantize' else 'thread_per_elem'}",
+    **{f"{f}_{d}": [_fixed(f"{f}_{d}/cpu/fused", f"{f}_{d}/gpu/{'warp_per_block' if d == 'quantize' else 'thread_per_elem'}",
                            why="(ch 11)")]
        for f in ("q8_0", "q4_0") for d in ("quantize", "dequantize")},
 }
