@@ -16,11 +16,12 @@ registers spills: rungs that use these say ``requires=`` AVX-512).
     vadd16(a, b)         a + b
     vzero16()            16 zeros
     prefetchw(a, i)      start fetching the cache line of a[i] for a coming store (a hint; never faults)
-    vsub16, vmul16, vdiv16(a, b), vsqrt16(a), vabs16(a)   per lane, IEEE (``vsubps``, ``vmulps``, ``vdivps``, ``vsqrtps``)
+    vsub16, vmul16, vdiv16(a, b)   per lane, IEEE (``vsubps``, ``vmulps``, ``vdivps``)
+    vsqrt16(a), vabs16(a)          per lane (``vsqrtps``; ``vabs16`` clears the sign bits)
     vstream16(a, i, v)   a[i:i+16] = v as a non-temporal ("streaming") store (``vmovntps``): the line goes to
                          memory through a write-combining buffer, without being read into the cache first.
-                         &a[i] MUST be 64-byte aligned (``stream_head`` says where that starts), and the
-                         kernel must call ``sfence()`` after its last one
+                         &a[i] MUST be 64-byte aligned (``stream_head`` says where that starts; a misaligned
+                         one faults and ends the process), and each thread calls ``sfence()`` after its last
     sfence()             wait until this core's streaming stores are globally visible (``sfence``)
 
 Why streaming stores: an ordinary store to a line that is not in the cache first reads the line from memory
@@ -28,7 +29,8 @@ Why streaming stores: an ordinary store to a line that is not in the cache first
 R + W. A streaming store of a whole line skips that read: AdamW (reads p, g, m, v; writes p, m, v) goes from 10
 line transfers per 16 parameters to 7, a copy from 3 to 2. Their cost: the written data is not in the cache
 afterwards (fine for an output nobody reads soon, wrong for one read next), and they are weakly ordered, hence
-the fence.
+the fence. Elementwise rungs that hold only a few vectors at a time (the optimizers' ``stream`` rungs) need no
+AVX-512: on AVX2 each f32x16 is two ymm registers (two 32-byte ``vmovntps``), and nothing spills.
 
 No bounds are checked (like the intrinsics of C): the caller guarantees ``0 <= i`` and ``i + 16 <= len(a)``.
 """
