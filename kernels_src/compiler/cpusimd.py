@@ -36,12 +36,15 @@ No bounds are checked (like the intrinsics of C): the caller guarantees ``0 <= i
 """
 from __future__ import annotations
 
+import platform
+
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.core.datamodel import models, register_default
 from numba.extending import intrinsic
 
 LANES = 16
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 _VEC = ir.VectorType(ir.FloatType(), LANES)
 
 
@@ -227,9 +230,12 @@ def sfence(typingctx):
     """Store fence (``llvm.x86.sse.sfence``): this core's earlier streaming stores become visible to every other
     core before any later store does. Call it after the last ``vstream16`` of each thread."""
     def codegen(context, builder, sig, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
-                                            "llvm.x86.sse.sfence")
-        builder.call(fn, [])
+        if _X86:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse.sfence")
+            builder.call(fn, [])
+        else:  # elsewhere (an Arm Mac, say: nontemporal stores become stnp) a release fence orders them
+            builder.fence("release")
         return context.get_dummy_value()
 
     return types.void(), codegen
