@@ -130,3 +130,98 @@ def test_scoreboard_figure_and_table():
 
     matplotlib.use("Agg")
     assert cpufig.board_plot(board) is not None
+
+
+def test_cpuboard_asm_counts_each_best_rung_and_its_bytes(tmp_path):
+    rows = [{"op": "axpy", "kind": "memory", "size": [1000], "size_label": "1000", "best": "loop"},
+            {"op": "relu", "kind": "memory", "size": [1000], "size_label": "1000", "best": "loop"}]
+    board = {"meta": {"cpu_model": "the board's CPU"}, "peaks": {}, "rows": rows}
+    with pytest.raises(FileNotFoundError, match="kernels cpuboard"):
+        cpuboard.asm_run(tmp_path, progress=False)  # no board there yet
+    (tmp_path / "cpuboard.json").write_text(json.dumps(board))
+    with pytest.raises(KeyError, match="gemm"):
+        cpuboard.asm_run(tmp_path, ["gemm"], progress=False)  # not on this board
+    cpuboard.asm_run(tmp_path, ["axpy", "relu"], progress=False, fma=False)
+    saved = json.loads((tmp_path / "cpuboard_asm.json").read_text())
+    got = {r["op"]: r for r in saved["rows"]}
+    assert saved["board"]["cpu_model"] == "the board's CPU" and set(got) == {"axpy", "relu"}
+    ax = got["axpy"]
+    assert ax["variant"] == "loop" and "error" not in ax
+    assert ax["io"]["written"] == 4000 and ax["io"]["read"] == 8000  # out = a x + y: two streams in, one out
+    assert got["relu"]["io"]["read"] == got["relu"]["io"]["written"] == 4000
+    h = ax["total"]["hot_loop"]
+    assert h["stores"] >= 1 and h["packed_fp"] >= 1 and h["scalar_fp"] == 0 and h["per_element"] < 2
+    assert "axpy" in cpuboard.format_asm(saved)
+    copy = saved["copy_yardstick"]  # the copy's own stores, read from its machine code (or its memcpy call)
+    assert copy["memcpy"] or copy["stores"] >= 1
+
+
+def test_hot_loop_is_the_innermost_loop_with_the_most_vector_work():
+    text = """
+.LBB0_1:
+\tvmulss\t%xmm0, %xmm1, %xmm1
+\tjne\t.LBB0_1
+.LBB0_2:
+\tvbroadcastss\t(%rax), %ymm2
+\tvmovups\t(%rsi,%rcx,4), %ymm0
+\tvmovups\t64(%rsp), %ymm1
+\tvfmadd213ps\t%ymm2, %ymm1, %ymm0
+\tvdivps\t%ymm0, %ymm1, %ymm3
+\tvmovups\t%ymm3, (%rdi,%rcx,4)
+\taddq\t$8, %rcx
+\tjne\t.LBB0_2
+"""
+    h = asm.hot_loop(text)
+    assert (h["fma"], h["broadcasts"], h["loads"], h["stores"], h["div_sqrt"]) == (1, 1, 1, 1, 1)
+    assert h["bits"] == 256 and h["elements"] == 8 and h["insns"] == 8 and h["vector_alu"] == 2
+    assert h["spill_loads"] == 1  # a register reloaded from the stack is not data
+    assert asm.hot_loop("\tret\n") is None
+
+
+def test_misses_table_models_and_evidence():
+    from kernels_src.figures import cpu as cpufig
+
+    board = {"meta": {"cpu_model": "X"}, "rows": [
+        {"op": "gelu", "kind": "memory", "best": "simd_exp2", "best_s": 4e-3, "gbps": 33.5, "gflops": 1.0,
+         "frac_copy": 0.5, "vs_torch": 0.95, "vs_numpy": 20.0, "run_spread": 0.09},
+        {"op": "axpy", "kind": "memory", "best": "prange", "best_s": 1e-3, "gbps": 60.0, "gflops": 1.0,
+         "frac_copy": 0.9, "vs_torch": 1.2},
+        {"op": "adam", "kind": "memory", "best": "prange", "best_s": 1e-3, "gbps": 20.0, "gflops": 1.0,
+         "frac_copy": 0.3}]}
+    n = 1 << 24
+    hot = {"insns": 40, "vector_alu": 26, "packed_fp": 25, "fma": 14, "loads": 1, "stores": 1, "broadcasts": 0,
+           "div_sqrt": 1, "convert": 1, "scalar_fp": 0, "calls": 0, "bits": 512, "elements": 16, "per_element": 2.5}
+    asm_res = {"meta": {"cpu_model": "Y"}, "fma_peak_all": {"threads": 2, "fma_per_s": 1.3e10, "gflops": 416.0},
+               "rows": [{"op": "gelu", "variant": "simd_exp2", "io": {"read": 4 * n, "written": 4 * n},
+                         "total": {"hot_loop": hot, "calls": {}, "packed_fp_total": 30, "scalar_fp": 0}}]}
+    ms = cpufig.misses(board, asm_res)
+    assert [(m["op"], m["goal"]) for m in ms] == [("gelu", "≥ 1.0× torch"), ("gelu", "≥ 70 % of copy"),
+                                                  ("adam", "≥ 70 % of copy")]  # by chapter: 6, then 12
+    g = next(m for m in ms if m["op"] == "gelu" and "copy" in m["goal"])
+    assert g["measured"].startswith("50 %") and g["asm"].startswith("zmm: 14 FMA") and "no math call" in g["asm"]
+    assert "allows 100 % of copy" in g["why"] and "write-allocate" in g["why"]  # r = w: as the copy
+    assert "26 vector-unit instructions per 16" in g["why"]
+    # vector units: 26/16 instructions per element x 2^24 elements at 13 G/s = 2.1 ms
+    assert cpufig.port_model(board["rows"][0], asm_res["rows"][0], asm_res["fma_peak_all"],
+                             asm_res["rows"][0]["io"])["t_port"] == pytest.approx(26 / 16 * n / 1.3e10)
+    assert cpufig.memory_model(board["rows"][1], {"read": 8, "written": 4})["allowed"] == pytest.approx(1.125)
+    io = {"read": 4, "written": 4}  # non-temporal stores: the op's w moves once; a streaming copy moves 2 per 2
+    assert cpufig.memory_model(board["rows"][0], io, nt=True)["allowed"] == pytest.approx(1.5)
+    assert cpufig.memory_model(board["rows"][0], io, copy_nt=True)["allowed"] == pytest.approx(8 / 12)
+    assert "See chapter" in next(m for m in ms if m["op"] == "adam")["why"]
+    assert "Control" not in g["why"]  # no other stream counted yet
+    relu_hot = {**hot, "vector_alu": 1, "fma": 0, "div_sqrt": 0, "per_element": 0.2}
+    board["rows"] += [{"op": "relu", "kind": "memory", "best": "prange", "best_s": 1e-3, "gbps": 40.0,
+                       "gflops": 1.0, "frac_copy": 0.84},
+                      {"op": "embedding", "kind": "memory", "best": "prange", "best_s": 1e-3, "gbps": 90.0,
+                       "gflops": 1.0, "frac_copy": 1.7}]  # over 110 % of copy: its bytes are not all DRAM's
+    asm_res["rows"].append({"op": "relu", "variant": "prange", "io": {"read": 4 * n, "written": 4 * n},
+                            "total": {"hot_loop": relu_hot, "calls": {}, "packed_fp_total": 1, "scalar_fp": 0}})
+    asm_res["rows"].append({**asm_res["rows"][-1], "op": "embedding"})
+    ctl = cpufig.control(board["rows"][0], board, asm_res)
+    assert ctl["op"] == "relu" and ctl["frac_copy"] == 0.84  # same bytes in and out, next to no arithmetic
+    assert "Control: relu (prange)" in cpufig.misses(board, asm_res)[1]["why"]
+    table = cpufig.misses_table(board, asm_res)
+    assert "| gelu (simd_exp2) |" in table and "compiled on Y" in table
+    assert "within the two runs' spread (±9 %)" in ms[0]["why"]  # 0.95x against a 9 % spread
+    assert "cpuboard --asm" in cpufig.misses_table(board, None)  # no counts: the table says how to make them

@@ -72,6 +72,95 @@ def classify(asm: str, llvm_ir: str = "") -> dict:
             "top": dict(mnemonics.most_common(8))}
 
 
+_LABEL = re.compile(r"^(\.LBB\d+_\d+):", re.M)
+_JUMP = re.compile(r"^\s+j[a-z]+\s+(\.LBB\d+_\d+)", re.M)
+_FMA = re.compile(r"vfn?m(?:add|sub)\d*p[sd]")
+
+
+def hot_loop(asm: str) -> dict | None:
+    """The loop a rung spends its time in, read from ``asm``: of the innermost loops (a backward jump to a label,
+    with no other loop inside), the one with the most packed floating-point instructions (then the most vector
+    loads and stores, then the most instructions). Counted per iteration: every instruction; ``vector_alu``,
+    the instructions that need a vector execution unit (arithmetic, logic, compares, conversions, shuffles; not
+    loads, stores, register moves or broadcasts from memory), the work the FMA ports share; packed FMAs; vector
+    loads and stores of data (``loads``, ``stores``; ``nt_stores`` the non-temporal ones); reloads and stores of
+    registers spilled to the stack (``spill_loads``, ``spill_stores``: more live values than registers);
+    broadcasts (``vbroadcastss`` of a constant or an element); divisions and square roots; conversions
+    (``vcvt*``: float32 <-> float64, float <-> int); scalar fp; calls. ``elements`` is the lanes of the widest
+    register times the data stores (the data loads where it stores nothing, as a reduction), so
+    ``per_element`` is the instructions the core issues for each element it writes (or reads). None where the
+    code has no loop."""
+    lines = asm.splitlines()
+    labels, loops = {}, []
+    for i, line in enumerate(lines):
+        m = _LABEL.match(line)
+        if m:
+            labels[m.group(1)] = i
+        m = _JUMP.match(line)
+        if m and m.group(1) in labels:  # a jump back to a label already seen: a loop
+            loops.append((labels[m.group(1)], i))
+    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    best = None
+    for a, b in inner:
+        c = Counter()
+        widths = Counter()
+        for line in lines[a + 1:b + 1]:
+            m = _INSN.match(line)
+            if not m:
+                continue
+            op, args = m.group(1), m.group(2).strip()
+            c["insns"] += 1
+            regs = re.findall(r"%([xyz]mm)\d+", args)
+            width = max((_WIDTH[r] for r in regs), default=0)
+            mem_last = args.endswith(")")
+            has_mem = "(" in args
+            stack = "(%rsp" in args  # a register spilled to the stack and read back, not data
+            const = "(%rip)" in args  # the constant pool
+            if op.startswith(("vbroadcast", "vpbroadcast")):
+                c["broadcasts"] += 1
+            elif regs and op.startswith(("vmovup", "vmovap", "vmovdq", "vmovnt", "vlddqu")) and has_mem:
+                if stack:
+                    c["spill_stores" if mem_last else "spill_loads"] += 1
+                elif not const:
+                    c["stores" if mem_last else "loads"] += 1
+                    widths[width] += 1
+                if op.startswith("vmovnt") and mem_last:
+                    c["nt_stores"] += 1  # non-temporal: the line is written without being read first
+            elif regs and has_mem and not mem_last and not const:
+                c["spill_loads" if stack else "loads"] += 1  # a load folded into arithmetic
+            if op.startswith("call"):
+                c["calls"] += 1
+            if regs and not op.startswith(("vmov", "vzero", "vlddqu")) and not (
+                    op.startswith(("vbroadcast", "vpbroadcast")) and has_mem):
+                c["vector_alu"] += 1  # an instruction for a vector unit (loads, stores and moves go elsewhere)
+            if regs and re.fullmatch(r"v?(?:[a-z0-9]+)(ps|pd)", op) and not op.startswith(
+                    ("vbroadcast", "vperm", "vshuf", "vunpck", "vmov", "vblend", "vinsert", "vextract")):
+                c["packed_fp"] += 1
+                widths[width] += 1
+                if _FMA.fullmatch(op):
+                    c["fma"] += 1
+                if op.startswith(("vdiv", "vsqrt", "vrcp", "vrsqrt")):
+                    c["div_sqrt"] += 1
+            if regs and op.startswith("vcvt"):
+                c["convert"] += 1  # float32 <-> float64 (vcvtps2pd, vcvtpd2ps) or float <-> int
+            elif regs and re.fullmatch(r"v?[a-z0-9]+(ss|sd)", op) and not op.startswith(("vmov", "vbroadcast")):
+                c["scalar_fp"] += 1
+        key = (c["packed_fp"], c["loads"] + c["stores"], c["insns"])
+        if best is None or key > best[0]:
+            best = (key, c, widths)
+    if best is None:
+        return None
+    _, c, widths = best
+    bits = max(widths) if widths else 0
+    lanes = bits // 32 if bits else 1
+    per_iter = lanes * (c["stores"] or c["loads"] or 1)
+    out = {k: c.get(k, 0) for k in ("insns", "vector_alu", "packed_fp", "fma", "loads", "stores", "broadcasts",
+                                    "div_sqrt", "convert", "scalar_fp", "calls", "nt_stores", "spill_loads",
+                                    "spill_stores")}
+    out.update(bits=bits, elements=per_iter, per_element=c["insns"] / per_iter)
+    return out
+
+
 def _dispatchers(fn, seen=None) -> list:
     """The Numba CPU functions ``fn`` calls: itself if it is one, and the ones named in its code (globals and
     closure cells), followed through Numba functions and the course's plain Python helpers."""
@@ -120,12 +209,15 @@ def _variant_asm_here(op_name: str, variant: str, size=None, dtype: str = "float
     for d in _dispatchers(v.fn):
         irs = d.inspect_llvm()
         for sig, text in d.inspect_asm().items():
-            funcs[f"{d.py_func.__name__}{tuple(str(t) for t in sig)}".replace("'", "")] = classify(text, irs.get(sig, ""))
+            funcs[f"{d.py_func.__name__}{tuple(str(t) for t in sig)}".replace("'", "")] = {
+                **classify(text, irs.get(sig, "")), "hot_loop": hot_loop(text)}
     total = {"packed_fp_total": sum(f["packed_fp_total"] for f in funcs.values()),
              "scalar_fp": sum(f["scalar_fp"] for f in funcs.values()),
              "packed_int_total": sum(f["packed_int_total"] for f in funcs.values()),
              "widest_fp_bits": max([f["widest_fp_bits"] for f in funcs.values()] or [0]),
-             "calls": dict(sum((Counter(f["calls"]) for f in funcs.values()), Counter()))}
+             "calls": dict(sum((Counter(f["calls"]) for f in funcs.values()), Counter())),
+             "hot_loop": max((f["hot_loop"] for f in funcs.values() if f.get("hot_loop")),
+                             key=lambda h: (h["packed_fp"], h["insns"]), default=None)}
     return {"op": op_name, "variant": variant, "size": list(size), "functions": funcs, "total": total,
             "baseline": v.baseline}
 
@@ -226,7 +318,116 @@ def cmd_asm(args) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the child of _in_child: python -m kernels_src.tools.asm OP DTYPE VARIANTS [SIZE]
+def io_bytes(op_name: str, size, dtype: str = "float32", variant: str | None = None) -> dict:
+    """The bytes an op's inputs and outputs occupy at ``size`` (as the bench allocates them), beside the bench's
+    byte model (``bytes=``, what GB/s and the fraction of copy are computed from). Where the model counts every
+    input and output once, ``read`` and ``written`` are the two parts of it; where it counts less or more (a
+    causal mask skips half, a fused pair counts its intermediate), the outputs are still written whole, and
+    ``read`` is the rest of the model."""
+    from ..parity import as_tuple, empty_outputs, reference_outputs
+    from ..registry import get_op, get_variant
+
+    op = get_op(op_name)
+    v = get_variant(f"{op_name}/cpu/{variant}") if variant else None
+    size = tuple(size)
+    inputs = as_tuple(op.make_inputs(size, np.dtype(dtype), np.random.default_rng(0)))
+    outs = empty_outputs(reference_outputs(op, inputs), dtype, op.storage)
+    n_in = sum(getattr(a, "nbytes", 0) for a in inputs)
+    n_out = sum(o.nbytes for o in outs)
+    model = float(((v and v.bytes) or op.bytes)(size, np.dtype(dtype).itemsize))
+    written = min(float(n_out), model)
+    return {"bytes": model, "in_bytes": n_in, "out_bytes": n_out, "read": model - written, "written": written}
+
+
+def _board_child(pairs, dtype: str = "float32") -> None:
+    """The child of :func:`board_asm`: one JSON line per (op, variant, size), as each is done."""
+    for op_name, variant, size in pairs:
+        row = {"op": op_name, "variant": variant}
+        try:
+            from ..registry import get_variant
+
+            ok, why = get_variant(f"{op_name}/cpu/{variant}").available()
+            if not ok:
+                row["skipped"] = why
+            else:
+                row.update(_variant_asm_here(op_name, variant, None, dtype))
+            row["io"] = io_bytes(op_name, size, dtype, variant)
+        except Exception as e:  # noqa: BLE001  the parent reports it and goes on with the next op
+            row["error"] = f"{type(e).__name__}: {e}"
+        print(json.dumps(row), flush=True)
+    try:
+        copy = copy_yardstick_stores()
+    except Exception as e:  # noqa: BLE001
+        copy = {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps({"copy_yardstick": copy}), flush=True)
+
+
+def copy_yardstick_stores() -> dict:
+    """The stores of the bench's parallel copy (the yardstick of every memory-bound op, bench._parallel_copy), as
+    compiled here: ordinary vector stores read each line before writing it (write-allocate), non-temporal ones
+    (``vmovnt*``) do not. LLVM may also turn the loop into a call of the C library's ``memcpy`` per thread
+    (``"memcpy": true``), whose stores the library chooses (glibc streams large copies past a threshold set
+    from the cache size)."""
+    from .. import bench
+
+    fn = bench._parallel_copy()
+    a = np.arange(4099, dtype=np.float32)
+    fn(np.empty_like(a), a)
+    text = "".join(fn.inspect_asm().values())
+    h = max((x for x in (hot_loop(t) for t in fn.inspect_asm().values()) if x),
+            key=lambda x: (x["stores"], x["insns"]), default=None)
+    return {"memcpy": bool(re.search(r"\bmemcpy\b", text)), "stores": h["stores"] if h else 0,
+            "nt_stores": h["nt_stores"] if h else 0, "hot_loop": h}
+
+
+def board_asm(rows, progress: bool = True, dtype: str = "float32") -> list:
+    """For each scoreboard row ({"op", "best", "size"}), the instruction counts of its best rung (compiled at a
+    check size in one child process with an empty Numba cache) and the op's byte model at the board's size; and
+    the stores of the copy yardstick (:func:`copy_yardstick_stores`). Returns (rows, copy)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from ..paths import ROOT
+
+    spec = ";".join(f"{r['op']}:{r['best']}:{'x'.join(map(str, r['size']))}" for r in rows)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(rows), desc="cpuboard --asm", unit="op")
+    out, copy = [], None
+    with tempfile.TemporaryDirectory(prefix="kernels-asm-") as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "KERNELS_DEVICE": "cpu",
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.Popen([sys.executable, "-m", "kernels_src.tools.asm", "--board", dtype, spec],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            row = json.loads(line)
+            if "copy_yardstick" in row:
+                copy = row["copy_yardstick"]
+                continue
+            out.append(row)
+            if bar is not None:
+                bar.set_postfix_str(row["op"])
+                bar.update(1)
+        err = proc.stderr.read()
+        proc.wait()
+    if bar is not None:
+        bar.close()
+    if proc.returncode != 0 or len(out) != len(rows):
+        done = {r["op"] for r in out}
+        raise RuntimeError(f"cpuboard --asm: the child stopped (exit {proc.returncode}) before "
+                           f"{[r['op'] for r in rows if r['op'] not in done]}:\n{err[-2000:]}")
+    return out, copy
+
+
+if __name__ == "__main__" and sys.argv[1] == "--board":  # the child of board_asm: --board DTYPE op:variant:size;...
+    _board_child([(p.split(":")[0], p.split(":")[1], tuple(int(x) for x in p.split(":")[2].split("x")))
+                  for p in sys.argv[3].split(";") if p], sys.argv[2])
+elif __name__ == "__main__":  # the child of _in_child: python -m kernels_src.tools.asm OP DTYPE VARIANTS [SIZE]
     _op, _dtype, _names = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
     _size = tuple(int(p) for p in sys.argv[4].split("x")) if len(sys.argv) > 4 else None
     print(json.dumps({n: _variant_asm_here(_op, n, _size, _dtype) for n in _names}))

@@ -1,6 +1,7 @@
 """The CPU scoreboard: every op's best CPU rung against torch on the CPU and the NumPy formula, in one run.
 
     kernels cpuboard [--ops a,b] [--out DIR] [--again]
+    kernels cpuboard --asm [--ops a,b] [--out DIR]     (no timing: the best rungs' machine code, see asm_run)
 
 For each op with course CPU rungs, ``bench`` runs every CPU variant at the op's CPU bench sizes and writes
 DIR/<op>_cpu.json (DIR defaults to book/data/bench/cpu/<this machine>, named by its CPU model and core count).
@@ -14,6 +15,7 @@ the book draws its CPU scoreboard (kernels_src/figures/cpu.py).
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 # Registered CPU "variants" that model or demonstrate rather than compute an op's output at speed.
@@ -127,6 +129,76 @@ def run(ops_wanted=None, out=None, again: bool = False, progress: bool = True) -
     return board
 
 
+def asm_run(out=None, ops_wanted=None, progress: bool = True, fma: bool = True) -> dict:
+    """``kernels cpuboard --asm``: no timing. For the best rung of every op on DIR/cpuboard.json, the instruction
+    counts of its compiled code (kernels_src/tools/asm.py, with the hot loop's counts per element) and the op's
+    byte model at the board's size (bytes read and written), written to DIR/cpuboard_asm.json. Also the FMA
+    peak of one core and of all threads at once (tools/fmapeak.py, a second or two of register-only FMAs;
+    skipped without AVX-512): the yardstick the GEMM rows and the vector-port model are read against. The
+    book's "where the CPU path still loses" table (chapter 1) reads this file."""
+    from ..bench import cpu_slug, environment, load_json, save_json
+    from ..paths import BENCH_DATA
+    from . import asm
+
+    out = Path(out) if out else BENCH_DATA / "cpu" / cpu_slug()
+    path = out / "cpuboard.json"
+    if not path.exists():
+        raise FileNotFoundError(f"cpuboard --asm reads the scoreboard {path}, which does not exist: run "
+                                f"`kernels cpuboard` first, or name the folder that holds it with --out")
+    board = load_json(path)
+    rows = board["rows"]
+    if ops_wanted:
+        have = {r["op"] for r in rows}
+        missing = sorted(set(ops_wanted) - have)
+        if missing:
+            raise KeyError(f"not on the scoreboard {path}: {missing}")
+        rows = [r for r in rows if r["op"] in ops_wanted]
+    found, copy = asm.board_asm(rows, progress=progress)
+    for r, f in zip(rows, found):
+        f["kind"] = r["kind"]
+        f["size"] = r["size"]
+    from .fmapeak import fma_peak, fma_peak_all
+
+    peak = {}
+    for key, fn in (("fma_peak_core", fma_peak), ("fma_peak_all", fma_peak_all)):
+        if not fma:  # (tests: the counts alone)
+            peak[key] = {"skipped": "not measured in this run"}
+            continue
+        try:
+            peak[key] = fn(n=5_000_000, repeat=5) or {"skipped": "needs AVX-512 (tools/fmapeak.py)"}
+        except Exception as e:  # noqa: BLE001  the counts stand without it
+            peak[key] = {"skipped": f"{type(e).__name__}: {e}"}
+    m = board["meta"]
+    result = {"meta": environment(), "board": {k: m.get(k) for k in ("date", "cpu_model", "cpu_count", "simd")},
+              **peak, "copy_yardstick": copy, "rows": found}
+    dest = out / "cpuboard_asm.json"
+    if ops_wanted and dest.exists():  # a partial run replaces its ops' rows and keeps the others
+        old = load_json(dest)
+        kept = [r for r in old["rows"] if r["op"] not in {x["op"] for x in found}]
+        result["rows"] = sorted(kept + found, key=lambda r: r["op"])
+    save_json(result, dest)
+    return result
+
+
+def format_asm(result: dict) -> str:
+    lines = [f"cpuboard --asm on {result['meta'].get('cpu_model', '?')} (the board: "
+             f"{result['board'].get('cpu_model', '?')}); FMA peak a core: "
+             + (f"{result['fma_peak_core']['gflops']:.0f} GFLOP/s" if "gflops" in result["fma_peak_core"]
+                else result["fma_peak_core"].get("skipped", "?")),
+             f"{'op':<22} {'best rung':<16} {'hot loop: insns/elem':>21}  what it holds"]
+    for r in result["rows"]:
+        if "error" in r or "skipped" in r:
+            lines.append(f"{r['op']:<22} {r['variant']:<16} {'-':>21}  "
+                         + r.get("error", "skipped: " + r.get("skipped", "")))
+            continue
+        h = r["total"].get("hot_loop")
+        ipe = f"{h['per_element']:.2f}" if h else "-"
+        what = (f"{h['bits']}-bit, {h['fma']} FMA, {h['broadcasts']} broadcasts, {h['scalar_fp']} scalar"
+                if h else "no loop")
+        lines.append(f"{r['op']:<22} {r['variant']:<16} {ipe:>21}  {what}")
+    return "\n".join(lines)
+
+
 def format_board(board: dict) -> str:
     m = board["meta"]
     lines = [f"CPU scoreboard: {m.get('cpu_model', '?')}, {m.get('cpu_count', '?')} cores, "
@@ -154,6 +226,8 @@ def add_parser(sub) -> None:
     s.add_argument("--out", help="folder for the JSON, new or not, in a folder that exists (default: "
                    "book/data/bench/cpu/<this machine>)")
     s.add_argument("--again", action="store_true", help="time the best rung and the baselines a second time")
+    s.add_argument("--asm", action="store_true", help="no timing: count the machine code of each op's best rung "
+                   "on DIR/cpuboard.json and write DIR/cpuboard_asm.json (with the ops' byte models)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar; print each op's table")
     s.set_defaults(func=cmd_cpuboard)
 
@@ -168,6 +242,19 @@ def cmd_cpuboard(args) -> int:
         if name not in scored:
             raise UsageError(f"{name} has no CPU rungs to score; ops that have: {', '.join(scored)}")
     out = output_dir(args.out)
+    if args.asm:
+        if args.again:
+            raise UsageError("--asm times nothing; --again is for a timed run")
+        try:
+            result = asm_run(out, wanted, progress=not args.quiet)
+        except (FileNotFoundError, KeyError) as e:
+            raise UsageError(str(e).strip("'\"")) from None
+        print(format_asm(result))
+        bad = [r["op"] for r in result["rows"] if "error" in r]
+        if bad:
+            print(f"cpuboard --asm: {len(bad)} op(s) failed to compile or count: {', '.join(bad)}", file=sys.stderr)
+            return 1
+        return 0
     board = run(wanted, out, args.again, progress=not args.quiet)
     print(format_board(board))
     return 0
