@@ -181,7 +181,7 @@ def test_hot_loop_is_the_innermost_loop_with_the_most_vector_work():
 def test_misses_table_models_and_evidence():
     from kernels_src.figures import cpu as cpufig
 
-    board = {"meta": {"cpu_model": "X"}, "rows": [
+    board = {"meta": {"cpu_model": "X", "cpu_threads": 2}, "rows": [
         {"op": "gelu", "kind": "memory", "best": "simd_exp2", "best_s": 4e-3, "gbps": 33.5, "gflops": 1.0,
          "frac_copy": 0.5, "vs_torch": 0.95, "vs_numpy": 20.0, "run_spread": 0.09},
         {"op": "axpy", "kind": "memory", "best": "prange", "best_s": 1e-3, "gbps": 60.0, "gflops": 1.0,
@@ -201,6 +201,7 @@ def test_misses_table_models_and_evidence():
     assert g["measured"].startswith("50 %") and g["asm"].startswith("zmm: 14 FMA") and "no math call" in g["asm"]
     assert "allows 100 % of copy" in g["why"] and "write-allocate" in g["why"]  # r = w: as the copy
     assert "26 vector-unit instructions per 16" in g["why"]
+    assert "2.5 instructions per element, 5.2 G instructions/s on each of 2 threads" in g["why"]  # 2.5 x 2^24 / 4 ms / 2
     # vector units: 26/16 instructions per element x 2^24 elements at 13 G/s = 2.1 ms
     assert cpufig.port_model(board["rows"][0], asm_res["rows"][0], asm_res["fma_peak_all"],
                              asm_res["rows"][0]["io"])["t_port"] == pytest.approx(26 / 16 * n / 1.3e10)

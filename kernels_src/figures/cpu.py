@@ -322,7 +322,7 @@ def misses(board: dict, asm: dict | None = None) -> list:
         for goal, measured in goals_missed:
             out.append({"op": r["op"], "chapter": _chapter(r["op"]), "goal": goal, "measured": measured,
                         "best": r["best"], "asm": asm_summary(a) if asm is not None else None,
-                        "why": why(r, a, peak, goal, _copy_nt(asm), control(r, board, asm))})
+                        "why": why(r, a, peak, goal, _copy_nt(asm), control(r, board, asm), board["meta"])})
     out.sort(key=lambda m: (m["chapter"] or 99, m["op"], m["goal"]))
     return out
 
@@ -355,7 +355,7 @@ def _evidence(op: str, r: dict, a: dict | None) -> str:
 
 
 def why(r: dict, a: dict | None, peak: dict | None, goal: str, copy_nt: bool = False,
-        ctl: dict | None = None) -> str:
+        ctl: dict | None = None, board_meta: dict | None = None) -> str:
     """The models' figures for one miss, then the op's sentence of evidence."""
     parts = []
     if EVIDENCE.get(r["op"], "") is None:
@@ -378,6 +378,13 @@ def why(r: dict, a: dict | None, peak: dict | None, goal: str, copy_nt: bool = F
             parts.append(f"Control: {ctl['op']} ({ctl['best']}), the same mix of reads and writes with "
                          f"{ctl['per_element']:.2f} vector instructions per element, reached "
                          f"{100 * ctl['frac_copy']:.0f} % of copy on this board.")
+        h = (a or {}).get("total", {}).get("hot_loop")
+        threads = (board_meta or {}).get("cpu_threads") or 1
+        if h and h["elements"] and h["vector_alu"] / h["elements"] >= 1:  # arithmetic enough to count issue
+            n = (io["written"] if h["stores"] else io["read"]) / 4
+            rate = h["per_element"] * n / r["best_s"] / threads
+            parts.append(f"Issue: the hot loop is {h['per_element']:.1f} instructions per element, "
+                         f"{rate / 1e9:.1f} G instructions/s on each of {threads} threads at the measured time.")
         p = port_model(r, a, peak, io)
         if p:
             parts.append(f"Vector units: {p['per_element']:.2f} instructions per element at the FMA loop's "
