@@ -37,9 +37,12 @@ def test_board_runs_end_to_end_and_a_partial_run_keeps_other_rows(tmp_path):
     (r,) = board["rows"]
     assert r["op"] == "axpy" and r["best_s"] > 0 and r["best_s_run2"] > 0 and "run_spread" in r
     assert (tmp_path / "axpy_cpu.json").exists()
-    cpuboard.run(["copy"], tmp_path, progress=False)
+    cpuboard.run(["copy"], tmp_path, progress=False, largest=True)  # --largest: the scored size only
     ops = [x["op"] for x in json.loads((tmp_path / "cpuboard.json").read_text())["rows"]]
     assert ops == ["axpy", "copy"]
+    sizes = {op: {tuple(r["size"]) for r in json.loads((tmp_path / f"{op}_cpu.json").read_text())["rows"]}
+             for op in ops}
+    assert len(sizes["axpy"]) > 1 and len(sizes["copy"]) == 1
     assert "axpy" in cpuboard.format_board(board)
     with pytest.raises(KeyError):
         cpuboard.board_ops(["no_such_op"])

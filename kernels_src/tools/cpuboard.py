@@ -1,6 +1,6 @@
 """The CPU scoreboard: every op's best CPU rung against torch on the CPU and the NumPy formula, in one run.
 
-    kernels cpuboard [--ops a,b] [--out DIR] [--again]
+    kernels cpuboard [--ops a,b] [--out DIR] [--again] [--largest]
     kernels cpuboard --asm [--ops a,b] [--out DIR]     (no timing: the best rungs' machine code, see asm_run)
 
 For each op with course CPU rungs, ``bench`` runs every CPU variant at the op's CPU bench sizes and writes
@@ -67,8 +67,11 @@ def summarize(result: dict) -> dict:
     return row
 
 
-def run(ops_wanted=None, out=None, again: bool = False, progress: bool = True) -> dict:
-    from ..bench import bench, cpu_slug, environment, format_table, save_json, _median, time_cpu, _prepare
+def run(ops_wanted=None, out=None, again: bool = False, progress: bool = True, largest: bool = False) -> dict:
+    import numpy as np
+
+    from ..bench import (bench, cpu_slug, default_bench_sizes, environment, format_table, save_json, _median, time_cpu,
+                         _prepare)
     from ..paths import BENCH_DATA
     from ..registry import get_op
 
@@ -84,7 +87,9 @@ def run(ops_wanted=None, out=None, again: bool = False, progress: bool = True) -
 
         it = tqdm(chosen, desc="cpuboard", unit="op")
     for op in it:
-        res = bench(op.name, "cpu", progress=False)
+        # --largest: only the size the board scores (about half the time; the op's JSON then has that size only)
+        sizes = [max(default_bench_sizes(op, "cpu"), key=lambda s: float(np.prod(s)))] if largest else None
+        res = bench(op.name, "cpu", sizes=sizes, progress=False)
         save_json(res, out / f"{op.name}_cpu.json")
         if not progress:
             print(format_table(res))
@@ -111,7 +116,7 @@ def run(ops_wanted=None, out=None, again: bool = False, progress: bool = True) -
                 if row.get(f"{n}_s_run2"):
                     row[f"vs_{n}_run2"] = row[f"{n}_s_run2"] / row["best_s_run2"]
     board = {"meta": environment(), "peaks": next(iter(results.values()))["peaks"] if results else {},
-             "again": again, "rows": rows}
+             "again": again, "largest_only": largest, "rows": rows}
     if ops_wanted:  # a partial run updates the rows it measured and keeps the others
         old_path = out / "cpuboard.json"
         if old_path.exists():
@@ -226,6 +231,8 @@ def add_parser(sub) -> None:
     s.add_argument("--out", help="folder for the JSON, new or not, in a folder that exists (default: "
                    "book/data/bench/cpu/<this machine>)")
     s.add_argument("--again", action="store_true", help="time the best rung and the baselines a second time")
+    s.add_argument("--largest", action="store_true", help="time only the size the board scores (each op's largest "
+                   "CPU bench size), not the whole sweep: about half the time")
     s.add_argument("--asm", action="store_true", help="no timing: count the machine code of each op's best rung "
                    "on DIR/cpuboard.json and write DIR/cpuboard_asm.json (with the ops' byte models)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar; print each op's table")
@@ -255,6 +262,6 @@ def cmd_cpuboard(args) -> int:
             print(f"cpuboard --asm: {len(bad)} op(s) failed to compile or count: {', '.join(bad)}", file=sys.stderr)
             return 1
         return 0
-    board = run(wanted, out, args.again, progress=not args.quiet)
+    board = run(wanted, out, args.again, progress=not args.quiet, largest=args.largest)
     print(format_board(board))
     return 0
