@@ -125,7 +125,8 @@ def scan_tol(size, dtype):
     return ((math.sqrt(max(n, 1)) + 8.0) * EPS32, 0.0)
 
 
-SIZES = {"check": [(0,), (1,), (2,), (7,), (127,), (1000,), (4099,), (65537,)],
+SIZES = {"check": [(0,), (1,), (2,), (7,), (127,), (1000,), (4099,), (65537,),
+                   (262147,)],  # 3 of cpu/blocked's blocks and a tail: 2 rounds on 2 threads, one block idle
          # 97 and 301 span several simulator tiles (T = 32, ITEMS = 3: 96 per tile)
          "check_sim": [(0,), (1,), (7,), (97,), (301,)],
          "bench": [(1 << 20,), (1 << 24,)],
