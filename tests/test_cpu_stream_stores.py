@@ -123,8 +123,10 @@ def test_transpose_stream_any_placement():
                 assert np.array_equal(Y, X.T), (shape, ox, oy)
 
 
-def _asm(dispatcher_py, *args, parallel=True):
-    """Machine code of a fresh (uncached) compile of ``dispatcher_py``, run once on ``args``."""
+def _asm(dispatcher_py, *args, parallel=False):
+    """Machine code of a fresh (uncached) compile of ``dispatcher_py``, run once on ``args``. Serial by default: the
+    prange loop becomes a plain loop with the same body, so the stores it compiles to are the same, and the compile
+    takes a few seconds instead of the parallel pipeline's ten or more (the suite's time is a budget)."""
     fresh = njit(parallel=parallel)(dispatcher_py)
     fresh(*args)
     return "\n".join(fresh.inspect_asm().values())
