@@ -10,12 +10,17 @@ import math
 import numpy as np
 
 from ..bench import fmt_time, load_json
-from ..paths import CPU_BENCH_DATA
+from ..paths import BENCH_DATA, CPU_BENCH_DATA
 
 
-def load_board(path=None) -> dict | None:
-    """The committed scoreboard of the book's CPU machine, or None where it has not been measured."""
-    p = path or CPU_BENCH_DATA / "cpuboard.json"
+def _folder(machine: str | None):
+    return CPU_BENCH_DATA if machine is None else BENCH_DATA / "cpu" / machine
+
+
+def load_board(path=None, machine: str | None = None) -> dict | None:
+    """The committed scoreboard of the book's CPU machine (or of ``machine``, a folder name under
+    book/data/bench/cpu), or None where it has not been measured."""
+    p = path or _folder(machine) / "cpuboard.json"
     return load_json(p) if p.exists() else None
 
 
@@ -109,9 +114,9 @@ def board_plot(board: dict, ax=None, ops=None):
 
 
 # ------------------------------------------------------------------------ where the CPU path still loses, and why
-def load_asm(path=None) -> dict | None:
+def load_asm(path=None, machine: str | None = None) -> dict | None:
     """The instruction counts and byte models of the board's best rungs (``kernels cpuboard --asm``), or None."""
-    p = path or CPU_BENCH_DATA / "cpuboard_asm.json"
+    p = path or _folder(machine) / "cpuboard_asm.json"
     return load_json(p) if p.exists() else None
 
 
