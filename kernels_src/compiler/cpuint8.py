@@ -25,11 +25,28 @@ vector type, ``i32x16`` (an LLVM ``<16 x i32>``: one zmm register on AVX-512, tw
     vsub16(a, b)               a - b per lane (``vsubps``)
     vsum16(a)                  the 16 lanes' sum, by halves (once per output, not once per block)
 
+Integer dot products (int8 activations, llama.cpp's CPU method; the GEMV's rung 7) on a second integer type,
+``i16x32`` (an LLVM ``<32 x i16>``: one zmm on AVX-512, two ymm on AVX2), that holds one block of 32 int8
+values widened once so that 4 weight rows can share it:
+
+    vload_i8x32_i16(i8, i)     i8[i:i+32] of an int8 array as 32 int16 lanes, sign-extended (``vpmovsxbw``)
+    vdot_i8x32(i8, i, xs)      the products of i8[i:i+32] and xs's 32 lanes, exact, summed in adjacent pairs
+                               into 16 int32 lanes (lane j = w[2j]*x[2j] + w[2j+1]*x[2j+1]): the weights are
+                               sign-extended to int16 (``vpmovsxbw``) and the multiply-add of pairs is
+                               ``vpmaddwd``. The sum of the 16 lanes is the block's dot product; nothing can
+                               overflow (|w*x| <= 128*128, and 32 of them are far below 2**31)
+
+Why an x86 intrinsic there: the generic IR for vpmaddwd, add(sext(even w)*sext(even x), sext(odd w)*sext(odd x)),
+does not survive LLVM's optimizer here. It knows w and x came from int8, moves the even/odd shuffles onto the
+bytes and multiplies in int32 (``vpshufb``, ``vpmovsxbd``, ``vpmulld``: ~3x the instructions). So where the
+compile target has AVX2, ``vdot_i8x32`` calls ``llvm.x86.avx2.pmadd.wd`` on two halves of 16 lanes, and elsewhere
+it emits that generic IR (exact, just slower); :data:`DOT_PATH` says which, decided when a kernel is compiled.
+
 Integer lanes stay 32-bit: Numba's own integer arithmetic widens to int64, which halves the lanes per
 register. Out-of-range conversions (inf or NaN lanes) give what the hardware gives, 0x80000000, whose low
 byte 0 is what the scalar rungs store too. No bounds are checked (like C's intrinsics): the caller
-guarantees ``0 <= i`` and ``i + 16 <= len(u8)``. Generic LLVM vector IR only, so the same code runs on any
-x86-64 (and elsewhere LLVM has vectors).
+guarantees ``0 <= i`` and ``i + 16 <= len(u8)`` (``i + 32`` for the 32-lane loads). Generic LLVM vector IR,
+so the same code runs on any x86-64 (and elsewhere LLVM has vectors), except ``vdot_i8x32``'s AVX2 path above.
 """
 from __future__ import annotations
 
@@ -38,7 +55,7 @@ from numba.core import cgutils, types
 from numba.core.datamodel import models, register_default
 from numba.extending import intrinsic
 
-from .cpusimd import f32x16
+from .cpusimd import _X86, f32x16
 
 LANES = 16
 _I32 = ir.IntType(32)
@@ -46,6 +63,9 @@ _I8 = ir.IntType(8)
 _FVEC = ir.VectorType(ir.FloatType(), LANES)
 _IVEC = ir.VectorType(_I32, LANES)
 _BVEC = ir.VectorType(_I8, LANES)
+_I16 = ir.IntType(16)
+_HVEC = ir.VectorType(_I16, 2 * LANES)  # <32 x i16>
+_B32VEC = ir.VectorType(_I8, 2 * LANES)  # <32 x i8>
 
 
 class I32x16(types.Type):
@@ -62,6 +82,22 @@ i32x16 = I32x16()
 class _I32x16Model(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
         super().__init__(dmm, fe_type, _IVEC)
+
+
+class I16x32(types.Type):
+    """The Numba type of a 32-lane int16 vector value (an LLVM ``<32 x i16>``): one block of int8 values, widened."""
+
+    def __init__(self):
+        super().__init__(name="i16x32")
+
+
+i16x32 = I16x32()
+
+
+@register_default(I16x32)
+class _I16x32Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _HVEC)
 
 
 def _splat(value, vec):
@@ -297,3 +333,87 @@ def vsum16(typingctx, a):
         return builder.extract_element(v, ir.Constant(_I32, 0))
 
     return types.float32(a), codegen
+
+
+# ------------------------------------------------------------ int8 x int8 dot products: int32 sums, exact
+def _is_i8_array(a):
+    return isinstance(a, types.Array) and a.dtype == types.int8 and a.ndim == 1 and a.layout == "C"
+
+
+def _load_i8x32_i16(context, builder, aty, arr, idx):
+    ary = context.make_array(aty)(context, builder, arr)
+    ptr = builder.bitcast(cgutils.gep(builder, ary.data, idx), _B32VEC.as_pointer())
+    return builder.sext(builder.load(ptr, align=1), _HVEC)
+
+
+@intrinsic
+def vload_i8x32_i16(typingctx, i8, i):
+    """i8[i:i+32] of an int8 array as 32 int16 lanes, sign-extended (``vpmovsxbw``): x's block, widened once."""
+    if not (_is_i8_array(i8) and isinstance(i, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _load_i8x32_i16(context, builder, sig.args[0], args[0], args[1])
+
+    return i16x32(i8, i), codegen
+
+
+def _pairs(builder, v, first):
+    idx = ir.Constant(ir.VectorType(_I32, LANES), list(range(first, 2 * LANES, 2)))
+    return builder.sext(builder.shuffle_vector(v, v, idx), _IVEC)
+
+
+def _target_has_avx2() -> bool:
+    """Whether Numba compiles for a CPU with AVX2: its NUMBA_CPU_FEATURES if set, else this host's features."""
+    if not _X86:
+        return False
+    from numba.core import config
+
+    if config.CPU_FEATURES:
+        return "+avx2" in config.CPU_FEATURES.split(",")
+    if config.CPU_NAME and config.CPU_NAME != "host":
+        return False  # a named (e.g. generic) target: do not assume its features
+    try:
+        import llvmlite.binding as ll
+
+        return bool(ll.get_host_cpu_features().get("avx2"))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+#: How :func:`vdot_i8x32` multiplies: "avx2" (``llvm.x86.avx2.pmadd.wd``) or "generic" (LLVM vector IR). Read when
+#: a kernel using it is compiled; tests set it to "generic" (and compile afresh) to check the fallback.
+DOT_PATH = "avx2" if _target_has_avx2() else "generic"
+
+
+def _pmaddwd_avx2(builder, w, x):
+    h = LANES
+    half = ir.VectorType(_I16, h)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VectorType(_I32, h // 2), [half, half]),
+                                        "llvm.x86.avx2.pmadd.wd")
+    parts = []
+    for k in range(2):
+        sel = ir.Constant(ir.VectorType(_I32, h), list(range(k * h, (k + 1) * h)))
+        parts.append(builder.call(fn, [builder.shuffle_vector(w, w, sel), builder.shuffle_vector(x, x, sel)]))
+    return builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))))
+
+
+@intrinsic
+def vdot_i8x32(typingctx, i8, i, xs):
+    """w = i8[i:i+32] (int8, sign-extended to int16) times xs's 32 int16 lanes, added in adjacent pairs: 16 int32
+    lanes, lane j = w[2j]*xs[2j] + w[2j+1]*xs[2j+1], exact. Written as generic IR, sext(even w)*sext(even x) +
+    sext(odd w)*sext(odd x) where the target lacks AVX2 (exact; LLVM picks the instructions), and as two
+    ``vpmaddwd`` (``llvm.x86.avx2.pmadd.wd``) where it has it: see :data:`DOT_PATH`."""
+    if not (_is_i8_array(i8) and isinstance(i, types.Integer) and xs == i16x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        w = _load_i8x32_i16(context, builder, sig.args[0], args[0], args[1])
+        x = args[2]
+        if DOT_PATH == "avx2":
+            return _pmaddwd_avx2(builder, w, x)
+        even = builder.mul(_pairs(builder, w, 0), _pairs(builder, x, 0))
+        odd = builder.mul(_pairs(builder, w, 1), _pairs(builder, x, 1))
+        return builder.add(even, odd)
+
+    return i32x16(i8, i, xs), codegen
