@@ -35,6 +35,9 @@ values widened once so that 4 weight rows can share it:
                                sign-extended to int16 (``vpmovsxbw``) and the multiply-add of pairs is
                                ``vpmaddwd``. The sum of the 16 lanes is the block's dot product; nothing can
                                overflow (|w*x| <= 128*128, and 32 of them are far below 2**31)
+    vdot_q4x32(u8, i, xs)      the same for a Q4_0 block: the 16 bytes u8[i:i+16] hold element j in the low
+                               nibble of byte j and element j + 16 in the high one; each weight is nibble - 8
+                               (``vpmovzxbw``, ``vpand``, ``vpsrlw``, ``vpsubw``, then ``vpmaddwd``)
 
 Why an x86 intrinsic there: the generic IR for vpmaddwd, add(sext(even w)*sext(even x), sext(odd w)*sext(odd x)),
 does not survive LLVM's optimizer here. It knows w and x came from int8, moves the even/odd shuffles onto the
@@ -417,3 +420,44 @@ def vdot_i8x32(typingctx, i8, i, xs):
         return builder.add(even, odd)
 
     return i32x16(i8, i, xs), codegen
+
+
+def _q4_lanes(context, builder, aty, arr, idx):
+    """The 16 bytes at arr[idx] as two <16 x i16>: low nibbles - 8 (elements 0-15), high nibbles - 8 (16-31)."""
+    ary = context.make_array(aty)(context, builder, arr)
+    ptr = builder.bitcast(cgutils.gep(builder, ary.data, idx), _BVEC.as_pointer())
+    half = ir.VectorType(_I16, LANES)
+    b = builder.zext(builder.load(ptr, align=1), half)
+    eight = ir.Constant(half, [8] * LANES)
+    lo = builder.sub(builder.and_(b, ir.Constant(half, [15] * LANES)), eight)
+    hi = builder.sub(builder.lshr(b, ir.Constant(half, [4] * LANES)), eight)
+    return lo, hi
+
+
+@intrinsic
+def vdot_q4x32(typingctx, u8, i, xs):
+    """A Q4_0 block's weights times xs's 32 int16 lanes, summed in adjacent pairs into 16 exact int32 lanes, as
+    :func:`vdot_i8x32` (same lane order: lanes 0-7 hold elements 0-15, lanes 8-15 elements 16-31). The block is
+    the 16 bytes u8[i:i+16]; weight j is (byte j & 15) - 8 and weight j + 16 is (byte j >> 4) - 8."""
+    if not (_is_u8_array(u8) and isinstance(i, types.Integer) and xs == i16x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        lo, hi = _q4_lanes(context, builder, sig.args[0], args[0], args[1])
+        x = args[2]
+        if DOT_PATH == "avx2":
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VectorType(_I32, LANES // 2), [lo.type, lo.type]),
+                "llvm.x86.avx2.pmadd.wd")
+            parts = []
+            for k, w in enumerate((lo, hi)):
+                sel = ir.Constant(ir.VectorType(_I32, LANES), list(range(k * LANES, (k + 1) * LANES)))
+                parts.append(builder.call(fn, [w, builder.shuffle_vector(x, x, sel)]))
+            return builder.shuffle_vector(parts[0], parts[1],
+                                          ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))))
+        w = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 2 * LANES), list(range(2 * LANES))))
+        even = builder.mul(_pairs(builder, w, 0), _pairs(builder, x, 0))
+        odd = builder.mul(_pairs(builder, w, 1), _pairs(builder, x, 1))
+        return builder.add(even, odd)
+
+    return i32x16(u8, i, xs), codegen

@@ -38,8 +38,8 @@ Ladder (both formats)
   cpu/packed_rows4    rung 5    weights repacked once (quants apart from float32 scales, as fast loaders
                                 do); 4 rows per step share each x load, so the 32-term loop vectorizes
   cpu/packed_simd     rung 6    rung 5 on explicit 16-lane vectors, one accumulator per output for all of K
-  cpu/packed_q8act    rung 7    (Q8_0) rung 6 with x quantized to int8 blocks: exact int32 block dot products
-                                with vpmaddwd (cpuint8.vdot_i8x32), one conversion and one FMA per block
+  cpu/packed_q8act    rung 7    rung 6 with x quantized to int8 blocks: exact int32 block dot products with
+                                vpmaddwd (cpuint8.vdot_i8x32 / vdot_q4x32), one conversion and one FMA per block
   gpu/torch           baseline  torch fp32 x @ W on the dequantized weights (cuBLAS)
   gpu/fp32_gemv       baseline  chapter 4's best fp32 x@W GEMV (gemv/splitk_grid) on the dequantized weights
   gpu/thread_per_row  rung 1    one thread per output walks its packed row: lanes 34/18*K/32 bytes apart
@@ -59,7 +59,7 @@ import math
 
 import numpy as np
 from ..compiler import cuda, float32, float32_bits, float32_from_bits, float64, int32, njit, prange
-from ..compiler.cpuint8 import (vabsmax_bits16, vandi16, vcvt16, vdot_i8x32, vfirst_absbits16, vload_i8x16,
+from ..compiler.cpuint8 import (vabsmax_bits16, vandi16, vcvt16, vdot_i8x32, vdot_q4x32, vfirst_absbits16, vload_i8x16,
                                vload_i8x32_i16, vload_u8x16, vmini16, vmul16, vround_away16, vshri16, vstore_bytes16,
                                vstore_nibbles16, vsub16, vsum16, vtrunc16)
 from ..compiler.cpusimd import vadd16, vfma16, vload16, vsplat16, vzero16
@@ -1213,6 +1213,40 @@ def _rows4_q8_0_q8act(y, xq, xd, qs, d):
 
 
 @njit(cache=True, parallel=True)
+def _rows4_q4_0_q8act(y, xq, xd, qs, d):
+    # y (N,), xq (K,) int8 and xd (K/32,) f32 (x quantized per block), qs (N, K/2) uint8, d (N, K/32) f32: as the
+    # Q8_0 kernel above, the weights' nibbles - 8 widened to int16 in the dot product (vdot_q4x32).
+    N = y.size
+    nb = xd.size
+    for t in prange((N + 3) // 4):
+        n0 = 4 * t  # the last group of an N that is not a multiple of 4 reads row N-1 again (clamped)
+        n1 = min(n0 + 1, N - 1)
+        n2 = min(n0 + 2, N - 1)
+        n3 = min(n0 + 3, N - 1)
+        q0, q1, q2, q3 = qs[n0], qs[n1], qs[n2], qs[n3]
+        d0, d1, d2, d3 = d[n0], d[n1], d[n2], d[n3]
+        a0 = vzero16()
+        a1 = vzero16()
+        a2 = vzero16()
+        a3 = vzero16()
+        for b in range(nb):
+            xs = vload_i8x32_i16(xq, b * QK)  # x's block widened to int16 once, for 4 rows
+            dx = xd[b]
+            c = b * 16
+            a0 = vfma16(vcvt16(vdot_q4x32(q0, c, xs)), vsplat16(d0[b] * dx), a0)
+            a1 = vfma16(vcvt16(vdot_q4x32(q1, c, xs)), vsplat16(d1[b] * dx), a1)
+            a2 = vfma16(vcvt16(vdot_q4x32(q2, c, xs)), vsplat16(d2[b] * dx), a2)
+            a3 = vfma16(vcvt16(vdot_q4x32(q3, c, xs)), vsplat16(d3[b] * dx), a3)
+        y[n0] = vsum16(a0)
+        if n0 + 1 < N:
+            y[n0 + 1] = vsum16(a1)
+        if n0 + 2 < N:
+            y[n0 + 2] = vsum16(a2)
+        if n0 + 3 < N:
+            y[n0 + 3] = vsum16(a3)
+
+
+@njit(cache=True, parallel=True)
 def _rows4_q4_0_simd(y, x, qs, d):
     # y (N,), x (K,), qs (N, K/2) uint8, d (N, K/32) f32, as rung 5; one 16-float accumulator per output,
     # summed across lanes once per output (rung 5 folded its 16 lanes into a float after every block).
@@ -1391,6 +1425,27 @@ def _cpu_rungs(fmt):
             _rows4_q4_0_simd(y, np.ascontiguousarray(x), qs, d)
 
         register(op, "cpu", "packed_simd", rung=6, bytes=repacked_bytes(fmt))(packed_simd)
+
+        def packed_q8act(y, x, Wq):
+            """Rung 6 with llama.cpp's int8 activations (rung 4's quantize_x_q8): integer dot products on vectors.
+
+            As Q8_0's rung 7: x quantized once per call to int8 blocks with a float32 scale and widened to int16
+            once per block for 4 rows. A row's block is one vpmovzxbw (16 bytes to 16 int16), vpand and vpsrlw
+            for the two nibbles, two vpsubw for the -8, two vpmaddwd (vdot_q4x32 in cpuint8.py: exact int32 sums
+            of adjacent products), two vcvtdq2ps and two vfmadd with d_w * d_x broadcast: ~13 instructions on
+            AVX2, where rung 6 needs ~19 (two ymm per 16-lane step, and 4 vcvtdq2ps of the nibbles). bytes = the
+            repacked weights and scales plus x's int8 quants and scales. The answer moves by x's rounding to 8
+            bits (q8act_tol, as rung 4). Predicted on 2 AVX2 cores: ~1.4x rung 6."""
+            qs, d = repack_cpu(Wq, fmt)
+            xq = np.empty(x.size, np.int8)
+            xd = np.empty(x.size // QK, np.float32)
+            quantize_x_q8(xq, xd, np.ascontiguousarray(x))
+            _rows4_q4_0_q8act(y, xq, xd, qs, d)
+
+        register(op, "cpu", "packed_q8act", rung=7, tol=q8act_tol,
+                 edge_exempt="activations quantized to 8 bits per block of 32: a huge value in a block rounds the block's other values away, by design",
+                 bytes=lambda s, b: s[1] * s[0] // 2 + s[1] * (s[0] // QK) * 4 + s[0] + (s[0] // QK) * 4 + 4 * s[1]
+                 )(packed_q8act)
 
 
 for _f in FORMATS:
