@@ -1044,6 +1044,27 @@ def repack_cpu(Wq, fmt):
     return per_array(_packed_cache, Wq, (id(Wq), fmt), build)
 
 
+@njit(inline="always")
+def _group4(N, t):
+    """The rows of step t of a 4-rows-per-step GEMV over N rows. The last group of an N that is not a multiple of 4
+    reads row N-1 again (clamped), so that its loop has no branch; _put4 does not store the copies."""
+    n0 = 4 * t
+    return n0, min(n0 + 1, N - 1), min(n0 + 2, N - 1), min(n0 + 3, N - 1)
+
+
+@njit(inline="always")
+def _put4(y, n0, y0, y1, y2, y3):
+    """y[n0:n0+4] = y0..y3, the rows past y's end (a clamped group's copies) left out."""
+    N = y.size
+    y[n0] = y0
+    if n0 + 1 < N:
+        y[n0 + 1] = y1
+    if n0 + 2 < N:
+        y[n0 + 2] = y2
+    if n0 + 3 < N:
+        y[n0 + 3] = y3
+
+
 @njit(fastmath=True, cache=True, parallel=True)
 def _rows4_q8_0(y, x, qs, d):
     # y (N,), x (K,), qs (N, K) int8, d (N, K/32) f32. Four rows per step: each x[k] is loaded once for 4
@@ -1053,10 +1074,7 @@ def _rows4_q8_0(y, x, qs, d):
     N = y.size
     nb = x.size // QK
     for t in prange((N + 3) // 4):
-        n0 = 4 * t  # the last group of an N that is not a multiple of 4 reads row N-1 again (clamped)
-        n1 = min(n0 + 1, N - 1)
-        n2 = min(n0 + 2, N - 1)
-        n3 = min(n0 + 3, N - 1)
+        n0, n1, n2, n3 = _group4(N, t)
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
         a2 = np.float32(0.0)
@@ -1076,13 +1094,7 @@ def _rows4_q8_0(y, x, qs, d):
             a1 += d[n1, b] * s1
             a2 += d[n2, b] * s2
             a3 += d[n3, b] * s3
-        y[n0] = a0
-        if n0 + 1 < N:
-            y[n0 + 1] = a1
-        if n0 + 2 < N:
-            y[n0 + 2] = a2
-        if n0 + 3 < N:
-            y[n0 + 3] = a3
+        _put4(y, n0, a0, a1, a2, a3)
 
 
 @njit(fastmath=True, cache=True, parallel=True)
@@ -1099,10 +1111,7 @@ def _rows4_q4_0(y, x, qs, d):
             t += x[b * QK + j]
         xs[b] = t
     for t in prange((N + 3) // 4):
-        n0 = 4 * t  # the last group of an N that is not a multiple of 4 reads row N-1 again (clamped)
-        n1 = min(n0 + 1, N - 1)
-        n2 = min(n0 + 2, N - 1)
-        n3 = min(n0 + 3, N - 1)
+        n0, n1, n2, n3 = _group4(N, t)
         a0 = np.float32(0.0)
         a1 = np.float32(0.0)
         a2 = np.float32(0.0)
@@ -1132,13 +1141,7 @@ def _rows4_q4_0(y, x, qs, d):
             a1 += d[n1, b] * (s1 - x8)
             a2 += d[n2, b] * (s2 - x8)
             a3 += d[n3, b] * (s3 - x8)
-        y[n0] = a0
-        if n0 + 1 < N:
-            y[n0 + 1] = a1
-        if n0 + 2 < N:
-            y[n0 + 2] = a2
-        if n0 + 3 < N:
-            y[n0 + 3] = a3
+        _put4(y, n0, a0, a1, a2, a3)
 
 
 @njit(cache=True, parallel=True)
@@ -1147,10 +1150,7 @@ def _rows4_q8_0_simd(y, x, qs, d):
     N = y.size
     nb = x.size // QK
     for t in prange((N + 3) // 4):
-        n0 = 4 * t  # the last group of an N that is not a multiple of 4 reads row N-1 again (clamped)
-        n1 = min(n0 + 1, N - 1)
-        n2 = min(n0 + 2, N - 1)
-        n3 = min(n0 + 3, N - 1)
+        n0, n1, n2, n3 = _group4(N, t)
         q0, q1, q2, q3 = qs[n0], qs[n1], qs[n2], qs[n3]
         d0, d1, d2, d3 = d[n0], d[n1], d[n2], d[n3]
         a0 = vzero16()
@@ -1169,13 +1169,7 @@ def _rows4_q8_0_simd(y, x, qs, d):
             a2 = vfma16(vsplat16(d2[b]), s, a2)
             s = vfma16(vcvt16(vload_i8x16(q3, c + 16)), xh, vmul16(vcvt16(vload_i8x16(q3, c)), xl))
             a3 = vfma16(vsplat16(d3[b]), s, a3)
-        y[n0] = vsum16(a0)
-        if n0 + 1 < N:
-            y[n0 + 1] = vsum16(a1)
-        if n0 + 2 < N:
-            y[n0 + 2] = vsum16(a2)
-        if n0 + 3 < N:
-            y[n0 + 3] = vsum16(a3)
+        _put4(y, n0, vsum16(a0), vsum16(a1), vsum16(a2), vsum16(a3))
 
 
 @njit(cache=True, parallel=True)
@@ -1185,10 +1179,7 @@ def _rows4_q8_0_q8act(y, xq, xd, qs, d):
     N = y.size
     nb = xd.size
     for t in prange((N + 3) // 4):
-        n0 = 4 * t  # the last group of an N that is not a multiple of 4 reads row N-1 again (clamped)
-        n1 = min(n0 + 1, N - 1)
-        n2 = min(n0 + 2, N - 1)
-        n3 = min(n0 + 3, N - 1)
+        n0, n1, n2, n3 = _group4(N, t)
         q0, q1, q2, q3 = qs[n0], qs[n1], qs[n2], qs[n3]
         d0, d1, d2, d3 = d[n0], d[n1], d[n2], d[n3]
         a0 = vzero16()
@@ -1203,13 +1194,7 @@ def _rows4_q8_0_q8act(y, xq, xd, qs, d):
             a1 = vfma16(vcvt16(vdot_i8x32(q1, c, xs)), vsplat16(d1[b] * dx), a1)
             a2 = vfma16(vcvt16(vdot_i8x32(q2, c, xs)), vsplat16(d2[b] * dx), a2)
             a3 = vfma16(vcvt16(vdot_i8x32(q3, c, xs)), vsplat16(d3[b] * dx), a3)
-        y[n0] = vsum16(a0)
-        if n0 + 1 < N:
-            y[n0 + 1] = vsum16(a1)
-        if n0 + 2 < N:
-            y[n0 + 2] = vsum16(a2)
-        if n0 + 3 < N:
-            y[n0 + 3] = vsum16(a3)
+        _put4(y, n0, vsum16(a0), vsum16(a1), vsum16(a2), vsum16(a3))
 
 
 @njit(cache=True, parallel=True)
@@ -1219,10 +1204,7 @@ def _rows4_q4_0_q8act(y, xq, xd, qs, d):
     N = y.size
     nb = xd.size
     for t in prange((N + 3) // 4):
-        n0 = 4 * t  # the last group of an N that is not a multiple of 4 reads row N-1 again (clamped)
-        n1 = min(n0 + 1, N - 1)
-        n2 = min(n0 + 2, N - 1)
-        n3 = min(n0 + 3, N - 1)
+        n0, n1, n2, n3 = _group4(N, t)
         q0, q1, q2, q3 = qs[n0], qs[n1], qs[n2], qs[n3]
         d0, d1, d2, d3 = d[n0], d[n1], d[n2], d[n3]
         a0 = vzero16()
@@ -1237,13 +1219,7 @@ def _rows4_q4_0_q8act(y, xq, xd, qs, d):
             a1 = vfma16(vcvt16(vdot_q4x32(q1, c, xs)), vsplat16(d1[b] * dx), a1)
             a2 = vfma16(vcvt16(vdot_q4x32(q2, c, xs)), vsplat16(d2[b] * dx), a2)
             a3 = vfma16(vcvt16(vdot_q4x32(q3, c, xs)), vsplat16(d3[b] * dx), a3)
-        y[n0] = vsum16(a0)
-        if n0 + 1 < N:
-            y[n0 + 1] = vsum16(a1)
-        if n0 + 2 < N:
-            y[n0 + 2] = vsum16(a2)
-        if n0 + 3 < N:
-            y[n0 + 3] = vsum16(a3)
+        _put4(y, n0, vsum16(a0), vsum16(a1), vsum16(a2), vsum16(a3))
 
 
 @njit(cache=True, parallel=True)
@@ -1254,10 +1230,7 @@ def _rows4_q4_0_simd(y, x, qs, d):
     nb = x.size // QK
     eight = vsplat16(np.float32(8.0))
     for t in prange((N + 3) // 4):
-        n0 = 4 * t  # the last group of an N that is not a multiple of 4 reads row N-1 again (clamped)
-        n1 = min(n0 + 1, N - 1)
-        n2 = min(n0 + 2, N - 1)
-        n3 = min(n0 + 3, N - 1)
+        n0, n1, n2, n3 = _group4(N, t)
         q0, q1, q2, q3 = qs[n0], qs[n1], qs[n2], qs[n3]
         d0, d1, d2, d3 = d[n0], d[n1], d[n2], d[n3]
         a0 = vzero16()
@@ -1280,13 +1253,7 @@ def _rows4_q4_0_simd(y, x, qs, d):
             w = vload_u8x16(q3, b * 16)
             s = vfma16(vcvt16(vshri16(w, 4)), xh, vmul16(vcvt16(vandi16(w, 15)), xl))
             a3 = vfma16(vsplat16(d3[b]), vsub16(s, x8), a3)
-        y[n0] = vsum16(a0)
-        if n0 + 1 < N:
-            y[n0 + 1] = vsum16(a1)
-        if n0 + 2 < N:
-            y[n0 + 2] = vsum16(a2)
-        if n0 + 3 < N:
-            y[n0 + 3] = vsum16(a3)
+        _put4(y, n0, vsum16(a0), vsum16(a1), vsum16(a2), vsum16(a3))
 
 
 def repacked_bytes(fmt):
