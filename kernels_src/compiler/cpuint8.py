@@ -111,9 +111,9 @@ def _is_u8_array(a):
     return isinstance(a, types.Array) and a.dtype == types.uint8 and a.ndim == 1 and a.layout == "C"
 
 
-def _bytes_ptr(context, builder, aty, arr, idx):
+def _bytes_ptr(context, builder, aty, arr, idx, vec=_BVEC):
     ary = context.make_array(aty)(context, builder, arr)
-    return builder.bitcast(cgutils.gep(builder, ary.data, idx), _BVEC.as_pointer())
+    return builder.bitcast(cgutils.gep(builder, ary.data, idx), vec.as_pointer())
 
 
 def _abs_bits(builder, v):
@@ -344,9 +344,7 @@ def _is_i8_array(a):
 
 
 def _load_i8x32_i16(context, builder, aty, arr, idx):
-    ary = context.make_array(aty)(context, builder, arr)
-    ptr = builder.bitcast(cgutils.gep(builder, ary.data, idx), _B32VEC.as_pointer())
-    return builder.sext(builder.load(ptr, align=1), _HVEC)
+    return builder.sext(builder.load(_bytes_ptr(context, builder, aty, arr, idx, _B32VEC), align=1), _HVEC)
 
 
 @intrinsic
@@ -389,14 +387,18 @@ def _target_has_avx2() -> bool:
 DOT_PATH = "avx2" if _target_has_avx2() else "generic"
 
 
-def _pmaddwd_avx2(builder, w, x):
-    h = LANES
-    half = ir.VectorType(_I16, h)
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VectorType(_I32, h // 2), [half, half]),
+def _pmaddwd(builder, w, x):
+    """w, x: <32 x i16> -> <16 x i32>, lane j = w[2j]*x[2j] + w[2j+1]*x[2j+1], exact, on the path DOT_PATH names:
+    two ``vpmaddwd`` (one per half of 16 lanes), or the generic sext(even)*sext(even) + sext(odd)*sext(odd)."""
+    if DOT_PATH != "avx2":
+        return builder.add(builder.mul(_pairs(builder, w, 0), _pairs(builder, x, 0)),
+                           builder.mul(_pairs(builder, w, 1), _pairs(builder, x, 1)))
+    half = ir.VectorType(_I16, LANES)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VectorType(_I32, LANES // 2), [half, half]),
                                         "llvm.x86.avx2.pmadd.wd")
     parts = []
     for k in range(2):
-        sel = ir.Constant(ir.VectorType(_I32, h), list(range(k * h, (k + 1) * h)))
+        sel = ir.Constant(ir.VectorType(_I32, LANES), list(range(k * LANES, (k + 1) * LANES)))
         parts.append(builder.call(fn, [builder.shuffle_vector(w, w, sel), builder.shuffle_vector(x, x, sel)]))
     return builder.shuffle_vector(parts[0], parts[1], ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))))
 
@@ -411,23 +413,15 @@ def vdot_i8x32(typingctx, i8, i, xs):
         return None
 
     def codegen(context, builder, sig, args):
-        w = _load_i8x32_i16(context, builder, sig.args[0], args[0], args[1])
-        x = args[2]
-        if DOT_PATH == "avx2":
-            return _pmaddwd_avx2(builder, w, x)
-        even = builder.mul(_pairs(builder, w, 0), _pairs(builder, x, 0))
-        odd = builder.mul(_pairs(builder, w, 1), _pairs(builder, x, 1))
-        return builder.add(even, odd)
+        return _pmaddwd(builder, _load_i8x32_i16(context, builder, sig.args[0], args[0], args[1]), args[2])
 
     return i32x16(i8, i, xs), codegen
 
 
 def _q4_lanes(context, builder, aty, arr, idx):
     """The 16 bytes at arr[idx] as two <16 x i16>: low nibbles - 8 (elements 0-15), high nibbles - 8 (16-31)."""
-    ary = context.make_array(aty)(context, builder, arr)
-    ptr = builder.bitcast(cgutils.gep(builder, ary.data, idx), _BVEC.as_pointer())
     half = ir.VectorType(_I16, LANES)
-    b = builder.zext(builder.load(ptr, align=1), half)
+    b = builder.zext(builder.load(_bytes_ptr(context, builder, aty, arr, idx), align=1), half)
     eight = ir.Constant(half, [8] * LANES)
     lo = builder.sub(builder.and_(b, ir.Constant(half, [15] * LANES)), eight)
     hi = builder.sub(builder.lshr(b, ir.Constant(half, [4] * LANES)), eight)
@@ -444,20 +438,7 @@ def vdot_q4x32(typingctx, u8, i, xs):
 
     def codegen(context, builder, sig, args):
         lo, hi = _q4_lanes(context, builder, sig.args[0], args[0], args[1])
-        x = args[2]
-        if DOT_PATH == "avx2":
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VectorType(_I32, LANES // 2), [lo.type, lo.type]),
-                "llvm.x86.avx2.pmadd.wd")
-            parts = []
-            for k, w in enumerate((lo, hi)):
-                sel = ir.Constant(ir.VectorType(_I32, LANES), list(range(k * LANES, (k + 1) * LANES)))
-                parts.append(builder.call(fn, [w, builder.shuffle_vector(x, x, sel)]))
-            return builder.shuffle_vector(parts[0], parts[1],
-                                          ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))))
         w = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 2 * LANES), list(range(2 * LANES))))
-        even = builder.mul(_pairs(builder, w, 0), _pairs(builder, x, 0))
-        odd = builder.mul(_pairs(builder, w, 1), _pairs(builder, x, 1))
-        return builder.add(even, odd)
+        return _pmaddwd(builder, w, args[2])  # on AVX2, LLVM folds the join and _pmaddwd's split away
 
     return i32x16(u8, i, xs), codegen
