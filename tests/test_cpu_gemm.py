@@ -137,6 +137,26 @@ def test_fma_peak_loop_computes_its_chains():
     assert not np.allclose(out.reshape(12, 16)[:, 0], [0.5] * 6 + [0.25] * 6, rtol=1e-5)
 
 
+def test_fma_peak_ymm_loop_computes_its_chains_and_the_peak_counts_machine_instructions():
+    """The AVX2 peak loop (six f32x16 chains, twelve ymm registers) is the same recurrence; the rate it reports is
+    of machine FMA instructions (two per f32x16 update on 256-bit registers), the unit the vector-port model of
+    figures.cpu reads a hot loop's instruction counts against."""
+    from kernels_src.tools import fmapeak
+
+    out = np.full(16 * 12, np.nan, np.float32)
+    fmapeak._fma_loop_ymm(out, 1000)
+    a = np.array([0.5] * 3 + [0.25] * 3, np.float64)
+    x, y = np.float64(np.float32(1.0000001)), np.float64(np.float32(1e-9))
+    for _ in range(1000):
+        a = a * x + y
+    np.testing.assert_allclose(out[:96].reshape(6, 16), np.repeat(a[:, None], 16, axis=1), rtol=1e-5)
+    loop, chains, bits = fmapeak.target()
+    if loop is None:
+        pytest.skip(chains)
+    r = fmapeak.fma_peak(n=200_000, repeat=1)
+    assert r["bits"] == bits and r["gflops"] == pytest.approx(r["fma_per_s"] * bits / 32 * 2 / 1e9)
+
+
 @needs_zmm
 def test_zmm_rung_is_skipped_without_avx512(monkeypatch):
     """On a CPU without AVX-512 (the issue's AMD EPYC) rung 9 reports itself unavailable, so the best rung and

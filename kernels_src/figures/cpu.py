@@ -185,7 +185,7 @@ EVIDENCE.update({
     "linear_fwd": "Chapter 5's GEMM (its loop: {fma} FMAs, {bcast} broadcasts per iteration), then a pass of b "
                   "over Y.",
     "linear_bwd_dx": "Chapter 5's GEMM (its loop: {fma} FMAs, {bcast} broadcasts per iteration) on W "
-                     "transposed, which its packing reads.",
+                     "transposed, a view (no copy).",
     "linear_bwd_dw": "Chapter 5's GEMM (its loop: {fma} FMAs, {bcast} broadcasts per iteration) on X "
                      "transposed, with only 256 rows of dW to share out between the cores.",
     "conv2d": "An im2row matrix of 6272 x 576 floats (14.5 MB) written by vector copies and read back by one "

@@ -858,16 +858,35 @@ def gemm_zmm_par(C, A, B):
     gemm_zmm_into(C, A, B)
 
 
+def gemm_regblock_into(C, A, B):
+    """Rung 6 (``regblock_par``) on any operands, strided views included: A's rows are copied to contiguous rows
+    when they are not (the micro-kernel loads 8 floats of a row at a time), and B is transposed once, unless B
+    is itself the transpose of a C-contiguous matrix (``W.T``), whose rows are then used as they are."""
+    if not A.flags.c_contiguous:
+        A = np.ascontiguousarray(A)
+    if B.T.flags.c_contiguous:
+        Bt = B.T
+    else:
+        Bt = np.empty((B.shape[1], B.shape[0]), dtype=B.dtype)
+        _transpose(Bt, B)
+    _gemm_regblock_par(C, A, Bt)
+
+
 def gemm_cpu_best(C, A, B):
     """C = A @ B with the course's fastest CPU GEMM on this machine (a stable name for other ops to build on:
     conv2d's im2col, the linear layers): rung 9 where the CPU has AVX-512 and the 512-bit switch is on, else
-    rung 8. A and B may be strided views (transposes): the packing reads them."""
+    rung 6, the 4x4 register tile, which on the 2-core AVX2 EPYC of the committed board ran 1024^3 at 51
+    GFLOP/s against rung 8's 39 (rung 8's 4x6 tile needs 24 accumulators, more than AVX2's 16 ymm registers: its
+    loop reloads 16 of them from the stack, `kernels cpuboard --asm`). A and B may be strided views: rung 6
+    copies a strided A to contiguous rows first, and that copy still costs less than rung 8's spills there
+    (conv1d's overlapping windows: 90-93 ms through rung 6 with the copy, 122 ms through rung 8's packing, on
+    that board)."""
     if _ZMM_OK is None:
         _zmm_ok()
     if _ZMM_OK:
         gemm_zmm_into(C, A, B)
     else:
-        gemm_packed_par(C, A, B)
+        gemm_regblock_into(C, A, B)
 
 
 _ZMM_OK = None

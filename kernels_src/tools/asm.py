@@ -161,6 +161,28 @@ def hot_loop(asm: str) -> dict | None:
     return out
 
 
+def _local_imports(fn) -> dict:
+    """The names a function imports in its body (``from .gemm import gemm_packed_par`` inside a rung, so that the
+    module loads only when the rung runs), bound to what they name: locals that ``__globals__`` does not hold."""
+    import dis
+    import importlib
+
+    found, module, level = {}, None, 0
+    package = (getattr(fn, "__module__", "") or "").rpartition(".")[0]
+    for ins in dis.get_instructions(fn):
+        if ins.opname == "LOAD_CONST" and isinstance(ins.argval, int):
+            level = ins.argval
+        elif ins.opname == "IMPORT_NAME":
+            try:
+                module = importlib.import_module("." * level + ins.argval, package) if level else \
+                    importlib.import_module(ins.argval)
+            except ImportError:
+                module = None
+        elif ins.opname == "IMPORT_FROM" and module is not None and hasattr(module, ins.argval):
+            found[ins.argval] = getattr(module, ins.argval)
+    return found
+
+
 def _dispatchers(fn, seen=None) -> list:
     """The Numba CPU functions ``fn`` calls: itself if it is one, and the ones named in its code (globals and
     closure cells), followed through Numba functions and the course's plain Python helpers."""
@@ -182,8 +204,9 @@ def _dispatchers(fn, seen=None) -> list:
             ns[name] = cell.cell_contents
         except ValueError:
             pass
+    ns.update(_local_imports(fn))
     out = []
-    for name in list(code.co_names) + list(code.co_freevars):
+    for name in list(code.co_names) + list(code.co_freevars) + list(code.co_varnames):
         obj = ns.get(name)
         if isinstance(obj, CPUDispatcher):
             out += _dispatchers(obj, seen)

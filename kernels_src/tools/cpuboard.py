@@ -170,7 +170,7 @@ def asm_run(out=None, ops_wanted=None, progress: bool = True, fma: bool = True) 
             peak[key] = {"skipped": "not measured in this run"}
             continue
         try:
-            peak[key] = fn(n=5_000_000, repeat=5) or {"skipped": "needs AVX-512 (tools/fmapeak.py)"}
+            peak[key] = fn(n=5_000_000, repeat=5) or {"skipped": "needs AVX-512, or AVX2 with FMA (tools/fmapeak.py)"}
         except Exception as e:  # noqa: BLE001  the counts stand without it
             peak[key] = {"skipped": f"{type(e).__name__}: {e}"}
     m = board["meta"]

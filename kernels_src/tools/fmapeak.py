@@ -2,12 +2,15 @@
 
     python -m kernels_src.tools.fmapeak
 
-Twelve independent 16-float accumulators (``vfma16`` from the compiler door: one ``vfmadd231ps`` on a zmm
-register each) are updated over and over. Twelve chains are enough to cover an FMA's latency (4 cycles) on two
-FMA units, so the loop runs at the core's FMA throughput: FMAs per second x 16 lanes x 2 FLOPs is the one-core
-float32 peak a GEMM micro-kernel can be held against. Timed with the process's CPU time (a busy shared machine
-takes wall time away, not CPU time); ``fma_peak_all`` runs it on every thread at once (wall time). Needs
-AVX-512 (``zmm_kernels``); elsewhere it says why and returns None.
+Independent 16-float accumulators (``vfma16`` from the compiler door) are updated over and over. With AVX-512
+each is one zmm register and one ``vfmadd231ps`` per update, twelve chains; with AVX2 and FMA each is two ymm
+registers and two ``vfmadd231ps``, six chains, so that the twelve ymm accumulators and the two operands fit the
+16 ymm registers without a spill. Twelve register chains cover an FMA's latency (4-5 cycles) on two FMA units,
+so the loop runs at the core's FMA throughput. ``fma_per_s`` counts machine instructions (one per register
+updated): the rate the vector-port model of ``figures.cpu`` reads a hot loop's instruction count against;
+``gflops`` = ``fma_per_s`` x the register's float32 lanes x 2. Timed with the process's CPU time (a busy shared
+machine takes wall time away, not CPU time); ``fma_peak_all`` runs it on every thread at once (wall time).
+Without AVX-512 or AVX2 + FMA it says why and returns None.
 """
 from __future__ import annotations
 
@@ -16,6 +19,29 @@ import time
 import numpy as np
 
 from ..compiler import get_num_threads, njit, prange, vfma16, vsplat16, vstore16, zmm_kernels
+
+CHAINS_ZMM = 12  # f32x16 accumulators of the AVX-512 loop: 12 zmm registers
+CHAINS_YMM = 6   # of the AVX2 loop: each f32x16 is two ymm registers, 12 of the 16
+
+
+def _avx2_fma() -> bool:
+    try:
+        import llvmlite.binding as ll
+
+        f = ll.get_host_cpu_features()
+        return bool(f.get("avx2") and f.get("fma"))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def target():
+    """``(kernel, chains, bits)`` of the FMA loop that suits this CPU, or ``(None, why, 0)``."""
+    ok, why = zmm_kernels()
+    if ok:
+        return _fma_loop, CHAINS_ZMM, 512
+    if _avx2_fma():
+        return _fma_loop_ymm, CHAINS_YMM, 256
+    return None, f"{why}; and no AVX2 with FMA either", 0
 
 
 @njit(fastmath=False, cache=False)
@@ -41,54 +67,81 @@ def _fma_loop(out, n):
         vstore16(out, 16 * i, a)
 
 
+@njit(fastmath=False, cache=False)
+def _fma_loop_ymm(out, n):
+    x = vsplat16(np.float32(1.0000001))
+    y = vsplat16(np.float32(1e-9))
+    a0 = a1 = a2 = vsplat16(np.float32(0.5))
+    a3 = a4 = a5 = vsplat16(np.float32(0.25))
+    for _ in range(n):
+        a0 = vfma16(a0, x, y)
+        a1 = vfma16(a1, x, y)
+        a2 = vfma16(a2, x, y)
+        a3 = vfma16(a3, x, y)
+        a4 = vfma16(a4, x, y)
+        a5 = vfma16(a5, x, y)
+    for i, a in enumerate((a0, a1, a2, a3, a4, a5)):
+        vstore16(out, 16 * i, a)
+
+
 @njit(parallel=True, fastmath=False, cache=False)
 def _fma_par(out, n, parts):
     for p in prange(parts):  # one register-only FMA loop per thread, all at once
         _fma_loop(out[192 * p:192 * (p + 1)], n)
 
 
+@njit(parallel=True, fastmath=False, cache=False)
+def _fma_par_ymm(out, n, parts):
+    for p in prange(parts):
+        _fma_loop_ymm(out[192 * p:192 * (p + 1)], n)
+
+
+def _timed(run, n, regs, bits, repeat, clock):
+    """Best of ``repeat`` calls of ``run(n)``: ``n`` iterations of ``regs`` FMA instructions on ``bits``-bit
+    registers."""
+    run(1000)  # compile and warm up
+    best = float("inf")
+    for _ in range(repeat):
+        t = clock()
+        run(n)
+        best = min(best, clock() - t)
+    fmas = regs * n / best  # machine FMA instructions per second
+    return {"fma_per_s": fmas, "gflops": fmas * (bits // 32) * 2 / 1e9, "bits": bits}
+
+
 def fma_peak_all(n: int = 20_000_000, repeat: int = 5):
     """The machine's float32 FMA rate with every Numba thread running the same loop at once (wall time, best of
-    ``repeat``): ``{"threads", "fma_per_s", "gflops"}``, or None without AVX-512. Against :func:`fma_peak` it
-    says whether the threads have FMA units of their own (about threads x one core's rate) or share them
-    (two hardware threads of one core: about one core's rate)."""
-    ok, why = zmm_kernels()
-    if not ok:
-        print(f"fmapeak: skipped ({why})")
+    ``repeat``): ``{"threads", "fma_per_s", "gflops", "bits"}``, or None without AVX-512 or AVX2 + FMA. Against
+    :func:`fma_peak` it says whether the threads have FMA units of their own (about threads x one core's rate)
+    or share them (two hardware threads of one core: about one core's rate)."""
+    loop, chains, bits = target()
+    if loop is None:
+        print(f"fmapeak: skipped ({chains})")
         return None
     parts = int(get_num_threads())
     out = np.empty(192 * parts, np.float32)
-    _fma_par(out, 1000, parts)
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        _fma_par(out, n, parts)
-        best = min(best, time.perf_counter() - t)
-    fmas = 12 * n * parts / best
-    return {"threads": parts, "fma_per_s": fmas, "gflops": fmas * 16 * 2 / 1e9}
+    par = _fma_par if bits == 512 else _fma_par_ymm
+    regs = chains * 16 * 32 // bits  # machine registers updated per iteration, one FMA each
+    run = lambda k: par(out, k, parts)  # noqa: E731
+    return {"threads": parts, **_timed(run, n, regs * parts, bits, repeat, time.perf_counter)}
 
 
 def fma_peak(n: int = 20_000_000, repeat: int = 5):
-    """One core's measured float32 FMA peak: ``{"fma_per_s", "gflops"}`` (best of ``repeat``), or None."""
-    ok, why = zmm_kernels()
-    if not ok:
-        print(f"fmapeak: skipped ({why})")
+    """One core's measured float32 FMA peak: ``{"fma_per_s", "gflops", "bits"}`` (best of ``repeat``, CPU time),
+    or None."""
+    loop, chains, bits = target()
+    if loop is None:
+        print(f"fmapeak: skipped ({chains})")
         return None
-    out = np.empty(16 * 12, np.float32)
-    _fma_loop(out, 1000)
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.process_time()
-        _fma_loop(out, n)
-        best = min(best, time.process_time() - t)
-    fmas = 12 * n / best
-    return {"fma_per_s": fmas, "gflops": fmas * 16 * 2 / 1e9}
+    out = np.empty(16 * CHAINS_ZMM, np.float32)
+    return _timed(lambda k: loop(out, k), n, chains * 16 * 32 // bits, bits, repeat, time.process_time)
 
 
 if __name__ == "__main__":  # pragma: no cover
     r = fma_peak()
     if r:
-        print(f"one core: {r['fma_per_s'] / 1e9:.2f} G zmm FMAs/s = {r['gflops']:.0f} GFLOP/s float32")
+        reg = {512: "zmm", 256: "ymm"}[r["bits"]]
+        print(f"one core: {r['fma_per_s'] / 1e9:.2f} G {reg} FMAs/s = {r['gflops']:.0f} GFLOP/s float32")
         a = fma_peak_all()
-        print(f"all {a['threads']} threads at once: {a['fma_per_s'] / 1e9:.2f} G zmm FMAs/s = "
+        print(f"all {a['threads']} threads at once: {a['fma_per_s'] / 1e9:.2f} G {reg} FMAs/s = "
               f"{a['gflops']:.0f} GFLOP/s")
