@@ -109,3 +109,34 @@ def test_mlir_gaps_name_registered_gpu_variants():
     keys = {v.key for v in variants(None, "gpu")}
     stale = sorted(set(MLIR_GAPS) - keys)
     assert not stale, f"MLIR_GAPS names variants that are not registered: {stale}"
+
+
+def test_fast_flags_give_numbas_own_answers():
+    """compiler/flagspeed.py replaces TargetConfig.values and __hash__ (faster compiles); on flags with options set,
+    unset, set back to their default and copied from another config, both give what Numba's own methods give."""
+    from numba.core.compiler import Flags
+
+    from kernels_src.compiler import flagspeed
+
+    assert "numba.core.targetconfig" in flagspeed.install() or flagspeed.ORIGINAL, "nothing was patched"
+    classes = [Flags]
+    try:
+        from numba.cuda.flags import Flags as CudaFlags  # the numba-cuda package's own copy
+
+        classes.append(CudaFlags)
+    except ImportError:  # numba's built-in numba.cuda (macOS): no second copy
+        pass
+    for cls in classes:
+        base = next(b for b in cls.__mro__ if b in flagspeed.ORIGINAL)
+        values0, hash0 = flagspeed.ORIGINAL[base]
+        a, b = cls(), cls()
+        assert a.values() == values0(a) and hash(a) == hash0(a) and a == b
+        a.nrt = not a.nrt  # set, different from the default
+        b.nrt = b.nrt  # set, equal to the default
+        assert a.values() == values0(a) and a.values()["nrt"] != cls().values()["nrt"]
+        assert b.values() == values0(b) and b == cls() and a != b
+        assert hash(a) == hash0(a) == hash(b) == hash0(b)
+        c = cls(copy_from=a)
+        assert c == a and c.values() == values0(c)
+        a.discard("nrt")
+        assert a == cls() and a.values() == values0(a)

@@ -190,6 +190,12 @@ from .cpusimd import (prefetchw, sfence, vabs16, stream_head, vadd16, vdiv16, vf
 # The CPU's vector width for everything Numba compiles from here on (KERNELS_CPU_VECTOR_BITS; cpubits.py).
 CPU_VECTORS = _apply_cpu_vector_bits()
 
+# Numba's compile flags hashed and compared without ~50 property calls each time (flagspeed.py: the same results;
+# the PTX check spent 17 % of its time there). KERNELS_FAST_FLAGS=0 turns it off.
+from .flagspeed import install as _install_fast_flags  # noqa: E402
+
+FAST_FLAGS = _install_fast_flags()
+
 __all__ = ["NAME", "REASON", "TRADE_OFFS", "USE_MLIR", "version", "cuda", "njit", "prange", "vectorize",
            "get_num_threads", "typeof", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
            "uint8", "uint16", "uint32", "uint64", "boolean", "void", "types", "fastmath", "fmul_rn", "fadd_rn",

@@ -42,7 +42,7 @@ _PASS_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PAT
 CONFINE = os.environ.get("KERNELS_GRADING_CONFINE", "1") != "0"  # 0: no uid change, Landlock or netns
 RUNTIME_FILES = ("target.py", "device.py", "simulator.py", "ptx.py", "compiler/__init__.py", "compiler/launch.py", "compiler/vec.py",
                  "compiler/cpubits.py", "compiler/cpusimd.py", "compiler/cpuint8.py", "compiler/inline_ptx.py",
-                 "compiler/halfbits.py", "compiler/sysflags.py",
+                 "compiler/halfbits.py", "compiler/sysflags.py", "compiler/flagspeed.py",
                  "grading/__init__.py", "grading/spec.py", "grading/child.py", "grading/childio.py",
                  "grading/planrun.py", "grading/shortcuts.py", "grading/replay.py", "grading/worker.py",
                  "grading/racecheck.py",
