@@ -226,7 +226,7 @@ def _edge(kind, fmt, size, rng):
 
 @pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
 @pytest.mark.parametrize("kind", ["softmax", "gelu"])
-@pytest.mark.parametrize("rung", ["cpu/numpy32", "gpu/rows", "gpu/vec16"])
+@pytest.mark.parametrize("rung", ["cpu/numpy32", "cpu/prange", "gpu/rows", "gpu/vec16"])
 def test_nan_and_inf_propagate_as_the_reference_says(fmt, kind, rung):
     tag = {"bfloat16": "bf16", "float16": "fp16"}[fmt]
     op = get_op(half.op_name(kind, tag))
@@ -242,6 +242,39 @@ def test_nan_and_inf_propagate_as_the_reference_says(fmt, kind, rung):
     rep = parity.compare("y", got[0], refs[0], rtol, atol, fmt=fmt)
     assert rep.ok, "\n".join(rep.lines())
     assert not np.all(np.isfinite(refs[0]))  # the special values really reached the output
+
+
+def _float32_probes():
+    """float32 bit patterns for the CPU codec: every upper half (sign, exponent, top 7 mantissa bits) with lower halves
+    that sit on, just beside and exactly at the rounding points of both formats (bf16 drops 16 bits, fp16 13 in its
+    normal range and more below it), plus 2^20 random patterns; NaNs with every kind of payload included."""
+    hi = np.arange(1 << 16, dtype=np.uint32) << 16
+    lo = np.array([0x0000, 0x0001, 0x0FFF, 0x1000, 0x1001, 0x1FFF, 0x2000, 0x2FFF, 0x3000, 0x3001, 0x4000, 0x7FFF,
+                   0x8000, 0x8001, 0xC000, 0xF000, 0xFFFF], dtype=np.uint32)
+    rnd = np.random.default_rng(19).integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    return np.concatenate([(hi[:, None] | lo[None, :]).reshape(-1), rnd]).view(np.float32)
+
+
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_cpu_kernel_codec_agrees_bit_for_bit_with_the_host(fmt):
+    """The prange rungs' enc16/dec16 (integer arithmetic in Numba, no float16 type): decoding every 16-bit pattern
+    gives the float32 of its value, bit for bit, and encoding gives exactly encode()'s bits (NumPy's
+    astype(float16) for fp16, NaN payloads included; bf16_bits_rne for bf16) on ~2 million float32 patterns around
+    every rounding point. (All 2^32 patterns were also compared once, 0 mismatches: too slow for the suite.)"""
+    kind = np.int16 if fmt == "float16" else np.uint16
+    got = np.empty(ALL.size, np.float32)
+    half.decode_cpu(got, ALL.view(kind))
+    # the float32 itself, NaN payloads included (bf16: the top half of its bits; fp16: NumPy's exact widening)
+    want = (ALL.astype(np.uint32) << 16).view(np.float32) if fmt == "bfloat16" else ALL.view(np.float16).astype(
+        np.float32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    x = _float32_probes()
+    bits = np.empty(x.size, kind)
+    half.encode_cpu(bits, x)
+    ref = half.encode(x, fmt).view(kind)
+    bad = np.flatnonzero(bits != ref)
+    assert bad.size == 0, [(hex(x[i:i + 1].view(np.uint32)[0]), hex(bits[i] & 0xFFFF), hex(ref[i] & 0xFFFF))
+                           for i in bad[:5]]
 
 
 def test_vec16_rung_takes_the_16_byte_path_only_for_whole_groups():

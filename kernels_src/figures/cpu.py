@@ -85,7 +85,10 @@ def ops_table(ops) -> str:
     have = {r["op"] for r in board["rows"]}
     missing = [o for o in ops if o not in have]
     note = f"\n\n*Not on the committed board yet: {', '.join(missing)}.*" if missing else ""
-    return board_table(board, ops=[o for o in ops if o in have]) + note
+    present = [o for o in ops if o in have]
+    if not present:  # board_table reads an empty list as "every op": say only what is missing
+        return note.strip()
+    return board_table(board, ops=present) + note
 
 
 def board_plot(board: dict, ax=None, ops=None):

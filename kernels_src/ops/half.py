@@ -29,6 +29,9 @@ are held to) and rounds once on the store, which adds at most u |y|. So |stored 
 
 Ladder (each op)
   cpu/numpy32     rung 1   decode to float32, the op's formula in NumPy in float32, round once on the store
+  cpu/prange      rung 2   one fused Numba pass (rows over the cores; GELU over prange chunks): the stored bits decoded
+                           and encoded by integer arithmetic that vectorizes (dec16/enc16: no float16 type on Numba's
+                           CPU target; fp16 arrays travel as int16 views), the float32 rungs' math of chapters 6-8
   gpu/rows        rung 1   rows: one block per row, the row in registers (2-byte loads), float32 block sums
                            (shared-memory trees; warp shuffles on a GPU), one rounding per stored element.
                            Backward norms: blocks own every G-th row and keep dgamma/dbeta partials in registers,
@@ -44,15 +47,18 @@ import numpy as np
 
 from .. import device
 from ..compiler import (bf16_to_f32, cuda, f16_to_f32, f16bits_to_f32, f32_to_bf16, f32_to_f16, f32_to_f16bits,
-                        float32, load4, store4, u32_as_f32, uint32)
+                        float32, float32_bits, float32_from_bits, get_num_threads, load4, njit, prange, store4,
+                        u32_as_f32, uint32)
 from ..device import ceil_div
 from ..parity import as_tuple, stored_value
 from ..registry import define_op, register
 from . import activations, norms
 from . import softmax as softmax_mod
+from .activations import _gelu_tanh_exp2, _gelu_tanh_grad_exp2
+from .cpumath import LOG2E, exp2_nonpos_f32, exp_f32
 from .optim_mixed import NAN16, bf16_bits_rne
 from .reductions import (NEG_INF, ONE, ZERO, block_max_shfl, block_max_smem, block_sum_shfl, block_sum_smem,
-                         next_pow2, row_config, row_jit, torch_gpu)
+                         next_pow2, row_config, row_jit, row_max_simd, torch_gpu)
 
 FORMATS = {"bf16": "bfloat16", "fp16": "float16"}  # op-name tag -> storage format
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # half the spacing just above 1
@@ -350,6 +356,356 @@ def _cpu_numpy32(kind, fmt):
     return run
 
 
+# ============================================================================ CPU: Numba prange, one fused pass
+# Numba's CPU target has no float16 type, so both formats reach the kernels as 16-bit integer bit patterns, and the
+# element type says which format they hold: uint16 is bf16 (as everywhere in the course), int16 is fp16 (a view of
+# the float16 array, no copy). `isinstance` on that type is resolved when Numba compiles, so each kernel is compiled
+# once per format with only that format's conversions in it (and Numba's cache keeps both: the types differ).
+HALF_FAST = {"reassoc", "nsz", "contract", "arcp"}  # row sums in SIMD lanes; never "nnan"/"ninf": NaN and inf stay
+TWO_M24 = np.float32(2.0 ** -24)  # fp16's subnormal spacing
+F32_HALF = np.float32(0.5)
+I32 = np.int32  # every integer step of the codec is wrapped in it: Numba widens int32 arithmetic to int64, and the
+#               wraps let LLVM keep the steps in 32-bit lanes (8 per ymm register, not 4): 2.3x fewer instructions
+
+
+@njit(inline="always", error_model="numpy")
+def dec16(h):
+    """16 stored bits -> float32 (exact). bf16 (uint16): the top half of a float32, one shift. fp16 (int16), without a
+    branch: exponent and mantissa move up 13 bits and the exponent bias goes from 15 to 127 (+112 << 23; inf and NaN,
+    exponent 31, to 255: +224 << 23); a subnormal (exponent 0) is its 10-bit mantissa times 2^-24, an exact
+    int -> float conversion and multiply; the sign bit moves from bit 15 to bit 31. Selects, no branches: LLVM
+    vectorizes it. (quant.f16_to_f32 is the same rule written with branches, in float64.)"""
+    if isinstance(h, np.int16):
+        a = I32(h & I32(0x7FFF))
+        sign = I32(I32(h & I32(0x8000)) << I32(16))
+        bits = I32(I32(a << I32(13)) + (I32(0x38000000) if a < I32(0x7C00) else I32(0x70000000)))
+        sub = float32_bits(np.float32(a) * TWO_M24)
+        return float32_from_bits(I32((sub if a < I32(0x400) else bits) | sign))
+    return float32_from_bits(I32(I32(h) << I32(16)))
+
+
+@njit(inline="always", error_model="numpy")
+def enc16(x, fmt):
+    """float32 -> the 16 bits of ``fmt``'s format (fmt: a zero of the output's element type, uint16 bf16 or int16
+    fp16), rounded to nearest, ties to even, bit for bit as :func:`encode` (tests/test_ch19_half_precision.py checks
+    ~2 million float32 patterns around every rounding point; all 2^32 were compared once). Selects, no branches.
+    bf16: optim_mixed.bf16_bits_rne's integer rule (add 0x7FFF plus the kept part's last bit, drop 16 bits; the
+      int32 sum wraps as the uint32 one would in the 16 bits kept), NaN -> 0x7FC0.
+    fp16 (a = |x|'s bits):
+      normal range (2^-14 <= |x|): rebias the exponent (-112 << 23) and round the 13 dropped bits as bf16 does the
+        16 (add 0xFFF plus the kept part's last bit); from 65520 up the carry reaches exponent 31 and the result
+        is clamped to 0x7C00, inf, which is also what inf gives;
+      subnormal range: |x| + 1/2 in float32 rounds |x| to a multiple of 2^-24 (the ulp of 1/2), to nearest even, in
+        the adder: the bits of the sum minus those of 1/2 are the fp16 pattern (0x400 when it rounds up to 2^-14);
+      NaN: NumPy's rule, 0x7C00 + the top 10 bits of the payload, at least 1 (quiet or not, the sign kept)."""
+    u = float32_bits(x)
+    if isinstance(fmt, np.int16):
+        a = I32(u & I32(0x7FFFFFFF))
+        sign = I32(I32(u >> I32(16)) & I32(0x8000))
+        odd = I32(I32(a >> I32(13)) & I32(1))
+        nrm = min(I32(I32(I32(a - I32(0x38000000)) + I32(0xFFF) + odd) >> I32(13)), I32(0x7C00))
+        nan = I32(I32(0x7C00) | max(I32(I32(a & I32(0x7FFFFF)) >> I32(13)), I32(1)))
+        sub = I32(float32_bits(abs(x) + F32_HALF) - I32(0x3F000000))
+        return I32((sub if a < I32(0x38800000) else (nan if a > I32(0x7F800000) else nrm)) | sign)
+    odd = I32(I32(u >> I32(16)) & I32(1))
+    return I32(NAN16) if x != x else I32(I32(I32(u + I32(0x7FFF)) + odd) >> I32(16))
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=HALF_FAST)
+def encode_cpu(out, x):
+    """out[i] = enc16(x[i]) for a float32 vector (uint16 out: bf16; int16: fp16). For the tests and kernels asm."""
+    fmt = out.dtype.type(0)
+    for i in prange(x.size):
+        out[i] = enc16(x[i], fmt)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=HALF_FAST)
+def decode_cpu(out, h):
+    """out[i] = dec16(h[i]) (uint16 h: bf16; int16: fp16). For the tests and kernels asm."""
+    for i in prange(h.size):
+        out[i] = dec16(h[i])
+
+
+def bits16(a):
+    """The kernels' view of a stored array: bf16 bits stay uint16, float16 becomes int16 (the same bytes)."""
+    return a.view(np.int16) if a.dtype == np.float16 else a
+
+
+def _chunks(m):
+    return max(1, min(m, get_num_threads()))
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=HALF_FAST)
+def gelu_half_loop(y, x):
+    """Decode, chapter 6's tanh GELU in float32 (activations' rung 4: x sigmoid(2u) from cpumath's exp2, no libm
+    call), encode: one pass, 4 bytes of traffic per element."""
+    fmt = y.dtype.type(0)
+    for i in prange(x.size):
+        y[i] = enc16(_gelu_tanh_exp2(dec16(x[i])), fmt)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=HALF_FAST)
+def gelu_bwd_half_loop(dx, dy, x):
+    """dx = dy gelu'(x) in one pass (activations' rung 4 derivative): 6 bytes per element."""
+    fmt = dx.dtype.type(0)
+    for i in prange(x.size):
+        dx[i] = enc16(dec16(dy[i]) * _gelu_tanh_grad_exp2(dec16(x[i])), fmt)
+
+
+@njit(cache=True, error_model="numpy")
+def _softmax_row_unbounded(yr, v, fmt):
+    """A row whose max is not a finite number, or whose sum is NaN: the reference's rule (chapter 8) with the
+    max taken as 0 in float32, e = exp(x), y = e / sum(e) where the sum is > 0, else zeros (all -inf, or a NaN)."""
+    s = np.float32(0.0)
+    for j in range(v.size):
+        s += exp_f32(v[j])
+    for j in range(v.size):
+        yr[j] = enc16(exp_f32(v[j]) / s if s > 0 else np.float32(0.0), fmt)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=HALF_FAST)
+def softmax_half_rows(y, x, chunks):
+    """Rows in one contiguous chunk per thread; a row decoded once into a float32 buffer (N floats, L1), then
+    chapter 8's rung 6 on it (an integer max of the float bits, exp2 from cpumath, the sum in SIMD lanes), and
+    y = e / sum encoded on the way out. DRAM sees x once and y once: 4 bytes per element."""
+    m, n = x.shape
+    fmt = y.dtype.type(0)
+    per = (m + chunks - 1) // chunks
+    for p in prange(chunks):
+        v = np.empty(n, np.float32)
+        for i in range(p * per, min(m, (p + 1) * per)):
+            xr, yr = x[i], y[i]
+            for j in range(n):
+                v[j] = dec16(xr[j])
+            mx = row_max_simd(v)
+            if not (mx > -np.inf and mx < np.inf):
+                _softmax_row_unbounded(yr, v, fmt)
+                continue
+            s = np.float32(0.0)
+            for j in range(n):
+                e = exp2_nonpos_f32((v[j] - mx) * LOG2E)
+                v[j] = e
+                s += e
+            if s != s:  # a NaN that sorts below -inf (sign bit set): the reference's zeros
+                _softmax_row_unbounded(yr, v, fmt)
+                continue
+            inv = np.float32(1.0) / s
+            for j in range(n):
+                yr[j] = enc16(v[j] * inv, fmt)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=HALF_FAST)
+def softmax_bwd_half_rows(dx, dy, y, chunks):
+    """dx = y (dy - <dy, y>): the dot while dy and y are decoded into two float32 row buffers, then dx encoded
+    from them. 6 bytes per element from DRAM."""
+    m, n = y.shape
+    fmt = dx.dtype.type(0)
+    per = (m + chunks - 1) // chunks
+    for p in prange(chunks):
+        a = np.empty(n, np.float32)
+        b = np.empty(n, np.float32)
+        for i in range(p * per, min(m, (p + 1) * per)):
+            dyr, yr, dxr = dy[i], y[i], dx[i]
+            dot = np.float32(0.0)
+            for j in range(n):
+                g = dec16(dyr[j])
+                w = dec16(yr[j])
+                a[j] = g
+                b[j] = w
+                dot += g * w
+            for j in range(n):
+                dxr[j] = enc16(b[j] * (a[j] - dot), fmt)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=HALF_FAST)
+def layernorm_half_rows(y, mean, rstd, x, gamma, beta, chunks):
+    """Chapter 7's LayerNorm per row in float32: the row decoded once into a buffer while summed, the squared
+    deviations around the mean summed from the buffer (two-pass variance, SIMD lanes), then y = (x - mu)(r gamma)
+    + beta encoded. mean and rstd are written in float32. 4 bytes per element from DRAM."""
+    m, n = x.shape
+    fmt = y.dtype.type(0)
+    inv_n = np.float32(1.0) / np.float32(n)
+    per = (m + chunks - 1) // chunks
+    for p in prange(chunks):
+        v = np.empty(n, np.float32)
+        for i in range(p * per, min(m, (p + 1) * per)):
+            xr, yr = x[i], y[i]
+            s = np.float32(0.0)
+            for j in range(n):
+                t = dec16(xr[j])
+                v[j] = t
+                s += t
+            mu = s * inv_n
+            q = np.float32(0.0)
+            for j in range(n):
+                d = v[j] - mu
+                q += d * d
+            r = np.float32(1.0) / np.sqrt(q * inv_n + EPS32)
+            mean[i] = mu
+            rstd[i] = r
+            for j in range(n):
+                yr[j] = enc16((v[j] - mu) * (r * gamma[j]) + beta[j], fmt)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=HALF_FAST)
+def rmsnorm_half_rows(y, rstd, x, gamma, chunks):
+    """RMSNorm per row in float32: decode into the buffer while summing squares, then y = x (r gamma) encoded."""
+    m, n = x.shape
+    fmt = y.dtype.type(0)
+    inv_n = np.float32(1.0) / np.float32(n)
+    per = (m + chunks - 1) // chunks
+    for p in prange(chunks):
+        v = np.empty(n, np.float32)
+        for i in range(p * per, min(m, (p + 1) * per)):
+            xr, yr = x[i], y[i]
+            q = np.float32(0.0)
+            for j in range(n):
+                t = dec16(xr[j])
+                v[j] = t
+                q += t * t
+            r = np.float32(1.0) / np.sqrt(q * inv_n + EPS32)
+            rstd[i] = r
+            for j in range(n):
+                yr[j] = enc16(v[j] * (r * gamma[j]), fmt)
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=HALF_FAST)
+def layernorm_bwd_half_rows(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, parts):
+    """Chapter 7's LayerNorm backward per row in float32: pass 1 decodes dy and x_hat = (x - mu) r into two row
+    buffers and sums <dy gamma> and <dy gamma, x_hat>; pass 2 encodes dx = r (dy gamma - mean1 - x_hat mean2) and
+    adds the row's dy x_hat and dy to the chunk's partial dgamma/dbeta rows (parts (2, P, N) float32); the P
+    partial rows are summed at the end, as norms_cpu's rung 2 does. 6 bytes per element from DRAM."""
+    m, n = x.shape
+    fmt = dx.dtype.type(0)
+    P = parts.shape[1]
+    inv_n = np.float32(1.0) / np.float32(n)
+    per = (m + P - 1) // P
+    for p in prange(P):
+        pg = parts[0, p]
+        pb = parts[1, p]
+        pg[:] = 0.0
+        pb[:] = 0.0
+        a = np.empty(n, np.float32)
+        b = np.empty(n, np.float32)
+        for i in range(p * per, min(m, (p + 1) * per)):
+            dyr, xr, dxr = dy[i], x[i], dx[i]
+            mu = mean[i]
+            r = rstd[i]
+            sg = np.float32(0.0)
+            sgx = np.float32(0.0)
+            for j in range(n):
+                d = dec16(dyr[j])
+                xh = (dec16(xr[j]) - mu) * r
+                a[j] = d
+                b[j] = xh
+                g = d * gamma[j]
+                sg += g
+                sgx += g * xh
+            sg *= inv_n
+            sgx *= inv_n
+            for j in range(n):
+                d = a[j]
+                xh = b[j]
+                dxr[j] = enc16(r * (d * gamma[j] - sg - xh * sgx), fmt)
+                pg[j] += d * xh
+                pb[j] += d
+    for j in range(n):
+        sa = np.float32(0.0)
+        sb = np.float32(0.0)
+        for p in range(P):
+            sa += parts[0, p, j]
+            sb += parts[1, p, j]
+        dgamma[j] = sa
+        dbeta[j] = sb
+
+
+@njit(parallel=True, cache=True, error_model="numpy", fastmath=HALF_FAST)
+def rmsnorm_bwd_half_rows(dx, dgamma, dy, x, rstd, gamma, parts):
+    """RMSNorm backward per row in float32: pass 1 decodes dy and x into row buffers and sums <dy gamma, x>; pass
+    2 encodes dx = r (dy gamma - x c), c = r^2 <dy gamma, x> / N, and adds dy x r to the chunk's partial dgamma
+    row (parts (P, N) float32), summed at the end. 6 bytes per element from DRAM."""
+    m, n = x.shape
+    fmt = dx.dtype.type(0)
+    P = parts.shape[0]
+    inv_n = np.float32(1.0) / np.float32(n)
+    per = (m + P - 1) // P
+    for p in prange(P):
+        pg = parts[p]
+        pg[:] = 0.0
+        a = np.empty(n, np.float32)
+        b = np.empty(n, np.float32)
+        for i in range(p * per, min(m, (p + 1) * per)):
+            dyr, xr, dxr = dy[i], x[i], dx[i]
+            r = rstd[i]
+            sgx = np.float32(0.0)
+            for j in range(n):
+                d = dec16(dyr[j])
+                t = dec16(xr[j])
+                a[j] = d
+                b[j] = t
+                sgx += d * gamma[j] * t
+            c = r * r * sgx * inv_n
+            for j in range(n):
+                d = a[j]
+                t = b[j]
+                dxr[j] = enc16(r * (d * gamma[j] - t * c), fmt)
+                pg[j] += d * t * r
+    for j in range(n):
+        sa = np.float32(0.0)
+        for p in range(P):
+            sa += parts[p, j]
+        dgamma[j] = sa
+
+
+PRANGE_DOC = {
+    "softmax": "Rows over the cores, one fused row: decode once into a float32 row buffer (L1), chapter 8's rung 6 "
+               "on it (integer max of the float bits, cpumath's exp2, the sum in SIMD lanes), y = e / sum encoded "
+               "on the store; rows whose max is not finite follow the reference's rule in a scalar path.",
+    "softmax_bwd": "Rows over the cores: the dot <dy, y> summed in SIMD lanes while dy and y are decoded into two "
+                   "float32 row buffers, then dx = y (dy - dot) encoded from them.",
+    "layernorm": "Rows over the cores: the row decoded once while summed, the variance around the mean from the "
+                 "float32 buffer (two passes in L1), y = (x - mu)(r gamma) + beta encoded; mean, rstd float32.",
+    "layernorm_bwd": "Rows in one chunk per core: pass 1 decodes dy and x_hat into row buffers while summing the two "
+                     "row means, pass 2 encodes dx and adds to the chunk's partial dgamma/dbeta rows (float32), "
+                     "summed over the chunks at the end.",
+    "rmsnorm": "Rows over the cores: the row decoded once while its squares are summed, y = x (r gamma) encoded.",
+    "rmsnorm_bwd": "Rows in one chunk per core: pass 1 decodes dy and x while summing <dy gamma, x>, pass 2 encodes "
+                   "dx and adds dy x r to the chunk's partial dgamma row, summed over the chunks at the end.",
+    "gelu": "One fused pass over prange chunks: decode, the tanh GELU of activations' rung 4 (x sigmoid(2u) with "
+            "cpumath's exp2, no libm call), encode.",
+    "gelu_bwd": "One fused pass: decode dy and x, dy times the tanh GELU's derivative (activations' rung 4), "
+                "encode.",
+}
+PRANGE_PREDICTION = (" Float32 inside and one rounding on the store, as rung 1, with the conversions as bit "
+                     "arithmetic (dec16/enc16: shifts, adds and selects that LLVM vectorizes, no float16 type): "
+                     "every element is read and written once, where rung 1 makes several NumPy passes and "
+                     "temporaries. Memory-bound: predicted ~40-70 % of copy bandwidth on the 2-core AVX2 board "
+                     "(the fp16 conversions cost ~10 vector instructions an element each way, bf16's ~3), "
+                     "10-50x rung 1.")
+
+
+def _cpu_prange(kind, fmt):
+    def run(*args):
+        a = [bits16(t) if isinstance(t, np.ndarray) else t for t in args]
+        if kind == "gelu":
+            gelu_half_loop(*a)
+        elif kind == "gelu_bwd":
+            gelu_bwd_half_loop(*a)
+        elif kind == "softmax":
+            softmax_half_rows(*a, _chunks(a[1].shape[0]))
+        elif kind == "softmax_bwd":
+            softmax_bwd_half_rows(*a, _chunks(a[1].shape[0]))
+        elif kind == "layernorm":
+            layernorm_half_rows(*a, _chunks(a[3].shape[0]))
+        elif kind == "rmsnorm":
+            rmsnorm_half_rows(*a, _chunks(a[2].shape[0]))
+        elif kind == "layernorm_bwd":
+            layernorm_bwd_half_rows(*a, np.empty((2, _chunks(a[4].shape[0]), a[4].shape[1]), np.float32))
+        else:
+            rmsnorm_bwd_half_rows(*a, np.empty((_chunks(a[3].shape[0]), a[3].shape[1]), np.float32))
+    return run
+
+
 for _tag, _fmt in FORMATS.items():
     for _kind in SPECS:
         _fn = _cpu_numpy32(_kind, _fmt)
@@ -357,6 +713,10 @@ for _tag, _fmt in FORMATS.items():
         _fn.__doc__ = ("Decode to float32, the op's formula in NumPy in float32 (several passes, temporaries), "
                        "one rounding to the format on the store: the semantics every GPU rung must match.")
         register(op_name(_kind, _tag), "cpu", "numpy32", rung=1)(_fn)
+        _fn = _cpu_prange(_kind, _fmt)
+        _fn.__name__ = f"{_kind}_{_tag}_prange"
+        _fn.__doc__ = PRANGE_DOC[_kind] + PRANGE_PREDICTION
+        register(op_name(_kind, _tag), "cpu", "prange", rung=2)(_fn)
 
 
 # ================================================================================== GPU: rows

@@ -226,7 +226,8 @@ def _variant_asm_here(op_name: str, variant: str, size=None, dtype: str = "float
     v = get_variant(f"{op_name}/cpu/{variant}")
     size = tuple(size or op.sizes["check"][-1])
     inputs = as_tuple(op.make_inputs(size, np.dtype(dtype), np.random.default_rng(0)))
-    outs = [np.empty_like(o) for o in empty_outputs(reference_outputs(op, inputs), dtype)]
+    # outputs in the op's storage format (bf16 bits, float16) where it names one, as parity and the bench pass them
+    outs = [np.empty_like(o) for o in empty_outputs(reference_outputs(op, inputs), dtype, op.storage)]
     v.fn(*outs, *inputs)
     funcs = {}
     for d in _dispatchers(v.fn):
