@@ -76,10 +76,10 @@ def board_table(board: dict, ops=None) -> str:
     return "\n".join(out)
 
 
-def ops_table(ops) -> str:
-    """The scoreboard rows of ``ops`` (a chapter's CPU table), from the committed cpuboard.json; a one-line
-    note where the board or an op's row has not been measured yet."""
-    board = load_board()
+def ops_table(ops, machine: str | None = None) -> str:
+    """The scoreboard rows of ``ops`` (a chapter's CPU table), from the committed cpuboard.json of ``machine``
+    (default: the book's CPU machine); a one-line note where the board or an op's row has not been measured yet."""
+    board = load_board(machine=machine)
     if board is None:
         return "*The CPU scoreboard has not been measured yet: `python -m kernels_src cpuboard --again`.*"
     have = {r["op"] for r in board["rows"]}
