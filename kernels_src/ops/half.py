@@ -686,25 +686,26 @@ PRANGE_PREDICTION = (" Float32 inside and one rounding on the store, as rung 1, 
                      "against 12).")
 
 
+# kind -> (its kernel, the arguments it takes after the arrays: row chunks, or the per-chunk partial sums)
+_PRANGE = {
+    "gelu": (gelu_half_loop, lambda a: ()),
+    "gelu_bwd": (gelu_bwd_half_loop, lambda a: ()),
+    "softmax": (softmax_half_rows, lambda a: (_chunks(a[1].shape[0]),)),
+    "softmax_bwd": (softmax_bwd_half_rows, lambda a: (_chunks(a[1].shape[0]),)),
+    "layernorm": (layernorm_half_rows, lambda a: (_chunks(a[3].shape[0]),)),
+    "rmsnorm": (rmsnorm_half_rows, lambda a: (_chunks(a[2].shape[0]),)),
+    "layernorm_bwd": (layernorm_bwd_half_rows,
+                      lambda a: (np.empty((2, _chunks(a[4].shape[0]), a[4].shape[1]), np.float32),)),
+    "rmsnorm_bwd": (rmsnorm_bwd_half_rows, lambda a: (np.empty((_chunks(a[3].shape[0]), a[3].shape[1]), np.float32),)),
+}
+
+
 def _cpu_prange(kind, fmt):
+    kernel, extra = _PRANGE[kind]  # bound here, so that the rung names only its own kernel (kernels asm counts it)
+
     def run(*args):
         a = [bits16(t) if isinstance(t, np.ndarray) else t for t in args]
-        if kind == "gelu":
-            gelu_half_loop(*a)
-        elif kind == "gelu_bwd":
-            gelu_bwd_half_loop(*a)
-        elif kind == "softmax":
-            softmax_half_rows(*a, _chunks(a[1].shape[0]))
-        elif kind == "softmax_bwd":
-            softmax_bwd_half_rows(*a, _chunks(a[1].shape[0]))
-        elif kind == "layernorm":
-            layernorm_half_rows(*a, _chunks(a[3].shape[0]))
-        elif kind == "rmsnorm":
-            rmsnorm_half_rows(*a, _chunks(a[2].shape[0]))
-        elif kind == "layernorm_bwd":
-            layernorm_bwd_half_rows(*a, np.empty((2, _chunks(a[4].shape[0]), a[4].shape[1]), np.float32))
-        else:
-            rmsnorm_bwd_half_rows(*a, np.empty((_chunks(a[3].shape[0]), a[3].shape[1]), np.float32))
+        kernel(*a, *extra(a))
     return run
 
 
