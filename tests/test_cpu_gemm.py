@@ -150,9 +150,9 @@ def test_fma_peak_ymm_loop_computes_its_chains_and_the_peak_counts_machine_instr
     for _ in range(1000):
         a = a * x + y
     np.testing.assert_allclose(out[:96].reshape(6, 16), np.repeat(a[:, None], 16, axis=1), rtol=1e-5)
-    loop, chains, bits = fmapeak.target()
-    if loop is None:
-        pytest.skip(chains)
+    bits, why = fmapeak.target()
+    if not bits:
+        pytest.skip(why)
     r = fmapeak.fma_peak(n=200_000, repeat=1)
     assert r["bits"] == bits and r["gflops"] == pytest.approx(r["fma_per_s"] * bits / 32 * 2 / 1e9)
 

@@ -20,8 +20,7 @@ import numpy as np
 
 from ..compiler import get_num_threads, njit, prange, vfma16, vsplat16, vstore16, zmm_kernels
 
-CHAINS_ZMM = 12  # f32x16 accumulators of the AVX-512 loop: 12 zmm registers
-CHAINS_YMM = 6   # of the AVX2 loop: each f32x16 is two ymm registers, 12 of the 16
+REGS = 12  # machine registers each loop updates per iteration, one FMA each: 12 zmm, or 6 f32x16 = 12 ymm
 
 
 def _avx2_fma() -> bool:
@@ -34,14 +33,14 @@ def _avx2_fma() -> bool:
         return False
 
 
-def target():
-    """``(kernel, chains, bits)`` of the FMA loop that suits this CPU, or ``(None, why, 0)``."""
+def target() -> tuple[int, str]:
+    """``(bits, "")``: the register width of the FMA loop that suits this CPU (512 or 256), or ``(0, why)``."""
     ok, why = zmm_kernels()
     if ok:
-        return _fma_loop, CHAINS_ZMM, 512
+        return 512, ""
     if _avx2_fma():
-        return _fma_loop_ymm, CHAINS_YMM, 256
-    return None, f"{why}; and no AVX2 with FMA either", 0
+        return 256, ""
+    return 0, f"{why}; and no AVX2 with FMA either"
 
 
 @njit(fastmath=False, cache=False)
@@ -114,27 +113,27 @@ def fma_peak_all(n: int = 20_000_000, repeat: int = 5):
     ``repeat``): ``{"threads", "fma_per_s", "gflops", "bits"}``, or None without AVX-512 or AVX2 + FMA. Against
     :func:`fma_peak` it says whether the threads have FMA units of their own (about threads x one core's rate)
     or share them (two hardware threads of one core: about one core's rate)."""
-    loop, chains, bits = target()
-    if loop is None:
-        print(f"fmapeak: skipped ({chains})")
+    bits, why = target()
+    if not bits:
+        print(f"fmapeak: skipped ({why})")
         return None
     parts = int(get_num_threads())
     out = np.empty(192 * parts, np.float32)
     par = _fma_par if bits == 512 else _fma_par_ymm
-    regs = chains * 16 * 32 // bits  # machine registers updated per iteration, one FMA each
     run = lambda k: par(out, k, parts)  # noqa: E731
-    return {"threads": parts, **_timed(run, n, regs * parts, bits, repeat, time.perf_counter)}
+    return {"threads": parts, **_timed(run, n, REGS * parts, bits, repeat, time.perf_counter)}
 
 
 def fma_peak(n: int = 20_000_000, repeat: int = 5):
     """One core's measured float32 FMA peak: ``{"fma_per_s", "gflops", "bits"}`` (best of ``repeat``, CPU time),
     or None."""
-    loop, chains, bits = target()
-    if loop is None:
-        print(f"fmapeak: skipped ({chains})")
+    bits, why = target()
+    if not bits:
+        print(f"fmapeak: skipped ({why})")
         return None
-    out = np.empty(16 * CHAINS_ZMM, np.float32)
-    return _timed(lambda k: loop(out, k), n, chains * 16 * 32 // bits, bits, repeat, time.process_time)
+    out = np.empty(192, np.float32)
+    loop = _fma_loop if bits == 512 else _fma_loop_ymm
+    return _timed(lambda k: loop(out, k), n, REGS, bits, repeat, time.process_time)
 
 
 if __name__ == "__main__":  # pragma: no cover
