@@ -225,3 +225,18 @@ def test_the_circle_finder_can_fail():
     g = {"a.py": ["b.py"], "b.py": ["c.py"], "c.py": ["a.py"], "d.py": ["a.py"]}
     assert _circles(g) == [["a.py", "b.py", "c.py"]]
     assert _circles({"a.py": ["b.py"], "b.py": []}) == []
+
+
+def test_the_readme_lists_every_chapter_of_the_book():
+    """The README's chapter table is a newcomer's map: every chapter in _toc.yml has its row, in order, and no row
+    names a chapter the book does not have."""
+    import re
+
+    toc = re.findall(r"file:\s*notebooks/(ch\d+_\w+)", (ROOT / "_toc.yml").read_text())
+    book = [int(re.match(r"ch(\d+)", name).group(1)) for name in toc]
+    for name in toc:  # each chapter's own heading gives its number
+        head = re.search(r"^# (\d+)\. ", (ROOT / "notebooks" / f"{name}.md").read_text(), re.M)
+        assert head and int(head.group(1)) == int(name[2:4]), f"{name}: its heading is not '# {int(name[2:4])}. ...'"
+    readme = (ROOT / "README.md").read_text().split("## Chapters", 1)[1].split("\n## ", 1)[0]
+    rows = [int(n) for n in re.findall(r"^\| (\d+) \|", readme, re.M)]
+    assert rows == book, f"README's chapter table lists {rows}; _toc.yml has {book}"

@@ -204,3 +204,51 @@ def test_greenlet_engine_gathers_a_warp_at_mma_and_refuses_a_partial_warp():
         np.testing.assert_array_equal(out, A.astype(np.float64) @ B)  # small integers: exact in tf32
         with pytest.raises(RuntimeError, match="a GPU would hang"):
             _mma_one_tile[1, 32](out, A, B, 20)
+
+
+_SIM_THREADS_CHILD = """
+import threading
+import numpy as np
+started = []
+_start = threading.Thread.start
+def start(self):
+    started.append(type(self).__name__)
+    return _start(self)
+threading.Thread.start = start
+from kernels_src import device
+from kernels_src.device import cuda
+
+@cuda.jit
+def rev(out, x):
+    s = cuda.shared.array(32, np.float64)
+    t = cuda.threadIdx.x
+    s[t] = x[cuda.blockIdx.x * 32 + t]
+    cuda.syncthreads()
+    out[cuda.blockIdx.x * 32 + t] = s[31 - t]
+
+x = np.arange(64.0)
+want = x.reshape(2, 32)[:, ::-1].ravel()
+ok = []
+def launch():
+    out = np.full(64, np.nan)
+    rev[2, 32](out, x)
+    ok.append(bool((out == want).all()))
+launch()
+sim = started.count("BlockThread")
+print(device.SIM_THREADS, sim, ok)
+"""
+
+
+@pytest.mark.parametrize("wanted, engine, threads", [("", "os", 64), ("greenlets", "greenlets", 0)])
+def test_sim_threads_chooses_how_simulated_blocks_run(run_python, wanted, engine, threads):
+    """KERNELS_SIM_THREADS=greenlets (what the site's build sets): no OS thread per CUDA thread, the same results
+    (a block reversed through shared memory across a barrier); unset, the simulator's own OS threads."""
+    pytest.importorskip("greenlet")
+    r = run_python(_SIM_THREADS_CHILD, {"KERNELS_DEVICE": "sim", "KERNELS_SIM_THREADS": wanted})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == [engine, str(threads), "[True]"], r.stdout
+
+
+def test_sim_threads_refuses_a_value_it_does_not_know(run_python):
+    r = run_python("import kernels_src.device", {"KERNELS_DEVICE": "sim", "KERNELS_SIM_THREADS": "banana"})
+    assert r.returncode != 0 and "KERNELS_SIM_THREADS='banana' is not one of os, greenlets" in r.stderr

@@ -1,0 +1,89 @@
+"""book/_ext/kfs_prerun.py: the book's pages are executed side by side before Sphinx reads them, and what
+the site shows and how a failing page fails stay myst-nb's."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PAGE = """---
+jupytext:
+  text_representation: {{extension: .md, format_name: myst}}
+kernelspec: {{display_name: Python 3, language: python, name: python3}}
+---
+
+# Page {name}
+
+```{{code-cell}} ipython3
+import json, time
+t0 = time.time()
+time.sleep({sleep})
+{body}
+with open({log!r}, "a") as f:
+    f.write(json.dumps(["{name}", t0, time.time()]) + "\\n")
+print("page {name} says", 6 * 7)
+```
+"""
+CONFIG = """title: t
+execute: {{execute_notebooks: cache, cache: {cache}, allow_errors: false, timeout: 120}}
+sphinx:
+  local_extensions: {{kfs_site: {ext}}}
+"""
+
+
+def _book(tmp: Path, pages: dict[str, str], jobs: str) -> tuple[int, str, Path]:
+    tmp.mkdir()
+    log = tmp / "ran.jsonl"
+    for name, body in pages.items():
+        (tmp / f"{name}.md").write_text(PAGE.format(name=name, sleep=2, body=body, log=str(log)))
+    names = list(pages)
+    (tmp / "_toc.yml").write_text(f"format: jb-book\nroot: {names[0]}\nchapters:\n"
+                                  + "".join(f"  - file: {n}\n" for n in names[1:]))
+    (tmp / "_config.yml").write_text(CONFIG.format(cache=(tmp / "cache").as_posix(),
+                                                   ext=(ROOT / "book" / "_ext").as_posix()))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JUPYTER_PREFER_ENV_PATH="1", KERNELS_BOOK_JOBS=jobs)
+    r = subprocess.run([sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; sys.exit(main())",
+                        "build", str(tmp), "-W", "-n", "--keep-going"], capture_output=True, text=True, env=env,
+                       timeout=600)
+    return r.returncode, r.stdout + r.stderr, log
+
+
+def _runs(log: Path) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, list] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        name, t0, t1 = json.loads(line)
+        out.setdefault(name, []).append((t0, t1))
+    return out
+
+
+@pytest.mark.slow
+def test_pages_run_side_by_side_once_and_a_failing_page_fails_as_myst_nb_reports_it(tmp_path):
+    pages = {"a": "", "b": "", "c": "", "bad": "raise ValueError('page bad is broken')"}
+    rc, log, ran = _book(tmp_path / "b", pages, jobs="2")
+    assert "kfs_prerun: executing 4 pages, 2 at a time" in log, log[-3000:]
+    runs = _runs(ran)
+    assert sorted(runs) == ["a", "b", "c"] and all(len(r) == 1 for r in runs.values()), runs  # each page once
+    spans = sorted(r[0] for r in runs.values())
+    assert spans[1][0] < spans[0][1] or spans[2][0] < spans[1][1], f"no two pages ran at the same time: {spans}"
+    assert log.count("Using cached notebook") == 3, log[-3000:]
+    for name in "abc":
+        html = (tmp_path / "b" / "_build" / "html" / f"{name}.html").read_text()
+        assert f"page {name} says 42" in html
+    # the page that raises: left out of the cache here, executed again by myst-nb, whose report fails the build
+    assert "bad.md failed here" in log and log.count("Executing notebook using local CWD") == 1, log[-3000:]
+    assert rc != 0 and "Executing notebook failed" in log and "page bad is broken" in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_one_job_leaves_the_pages_to_myst_nb(tmp_path):
+    rc, log, ran = _book(tmp_path / "b", {"a": "", "b": ""}, jobs="1")
+    assert rc == 0, log[-3000:]
+    assert "kfs_prerun" not in log and log.count("Executing notebook using local CWD") == 2, log[-3000:]
+    spans = sorted(r[0] for r in _runs(ran).values())
+    assert len(spans) == 2 and spans[1][0] >= spans[0][1], spans
