@@ -16,7 +16,7 @@ PAGE = """---
 jupytext:
   text_representation: {{extension: .md, format_name: myst}}
 kernelspec: {{display_name: Python 3, language: python, name: python3}}
----
+{front}---
 
 # Page {name}
 
@@ -41,7 +41,8 @@ def _book(tmp: Path, pages: dict[str, str], jobs: str) -> tuple[int, str, Path]:
     tmp.mkdir()
     log = tmp / "ran.jsonl"
     for name, body in pages.items():
-        (tmp / f"{name}.md").write_text(PAGE.format(name=name, sleep=2, body=body, log=str(log)))
+        front = "kfs_build: {runs_alone: it times code}\n" if name == "solo" else ""
+        (tmp / f"{name}.md").write_text(PAGE.format(name=name, sleep=2, body=body, log=str(log), front=front))
     names = list(pages)
     (tmp / "_toc.yml").write_text(f"format: jb-book\nroot: {names[0]}\nchapters:\n"
                                   + "".join(f"  - file: {n}\n" for n in names[1:]))
@@ -64,19 +65,23 @@ def _runs(log: Path) -> dict[str, list[tuple[float, float]]]:
 
 @pytest.mark.slow
 def test_pages_run_side_by_side_once_and_a_failing_page_fails_as_myst_nb_reports_it(tmp_path):
-    pages = {"a": "", "b": "", "c": "", "bad": "raise ValueError('page bad is broken')"}
+    pages = {"a": "", "b": "", "c": "", "solo": "", "bad": "raise ValueError('page bad is broken')"}
     rc, log, ran = _book(tmp_path / "b", pages, jobs="2")
     assert "kfs_prerun: executing 4 pages, 2 at a time" in log, log[-3000:]
+    assert "solo.md runs alone (it times code)" in log, log[-3000:]
     runs = _runs(ran)
-    assert sorted(runs) == ["a", "b", "c"] and all(len(r) == 1 for r in runs.values()), runs  # each page once
-    spans = sorted(r[0] for r in runs.values())
+    assert sorted(runs) == ["a", "b", "c", "solo"] and all(len(r) == 1 for r in runs.values()), runs  # once each
+    spans = sorted(runs[n][0] for n in "abc")
     assert spans[1][0] < spans[0][1] or spans[2][0] < spans[1][1], f"no two pages ran at the same time: {spans}"
+    solo = runs["solo"][0]
+    assert all(solo[0] >= s[1] for s in spans), f"the page that runs alone overlapped another: {solo}, {spans}"
     assert log.count("Using cached notebook") == 3, log[-3000:]
-    for name in "abc":
+    for name in ("a", "b", "c", "solo"):
         html = (tmp_path / "b" / "_build" / "html" / f"{name}.html").read_text()
         assert f"page {name} says 42" in html
-    # the page that raises: left out of the cache here, executed again by myst-nb, whose report fails the build
-    assert "bad.md failed here" in log and log.count("Executing notebook using local CWD") == 1, log[-3000:]
+    # the page that raises: left out of the cache here, executed again by myst-nb, whose report fails the build;
+    # the page that runs alone: executed by myst-nb
+    assert "bad.md failed here" in log and log.count("Executing notebook using local CWD") == 2, log[-3000:]
     assert rc != 0 and "Executing notebook failed" in log and "page bad is broken" in log, log[-3000:]
 
 
@@ -87,3 +92,19 @@ def test_one_job_leaves_the_pages_to_myst_nb(tmp_path):
     assert "kfs_prerun" not in log and log.count("Executing notebook using local CWD") == 2, log[-3000:]
     spans = sorted(r[0] for r in _runs(ran).values())
     assert len(spans) == 2 and spans[1][0] >= spans[0][1], spans
+
+
+def test_pages_that_time_code_run_alone():
+    """A page that times code on the machine that builds it must not share the machine with another page: its
+    front matter says so (kfs_build: runs_alone), and kfs_prerun leaves it to myst-nb, which runs it alone."""
+    import re
+
+    timer = re.compile(r"time\.perf_counter|time\.time\(|timeit|\bseconds=")
+    bad = []
+    for path in sorted((ROOT / "notebooks").glob("ch*.md")) + [ROOT / "book" / "intro.md"]:
+        text = path.read_text(encoding="utf-8")
+        front = text.split("\n---\n", 1)[0]
+        code = "\n".join(re.findall(r"```\{code-cell\}[^\n]*\n(.*?)```", text, re.S))
+        if timer.search(code) and "runs_alone:" not in front:
+            bad.append(path.name)
+    assert not bad, f"these pages time code but may run beside another page: {bad} (kfs_build: runs_alone: why)"

@@ -154,7 +154,7 @@ def test_sampling_tie_rule_at_the_cut(sim_race_checked):  # the GPU rung also ra
     assert seen_k == {0, 1} and seen_p == {0, 1}
 
 
-def test_sampling_reproducible_and_rungs_agree():
+def test_sampling_reproducible_and_rungs_agree(sim_greenlets):  # the GPU rung's race test: the two tests above
     rng = np.random.default_rng(3)
     logits = rng.standard_normal((4, 300)).astype(np.float32)
     a = _all_rungs(logits, 0.8, 20, 0.9, 42, 7)

@@ -5,7 +5,10 @@ another. A chapter's kernel runs one Python thread most of the time (Numba compi
 on a machine with two or more cores the others wait. On ``env-before-read-docs`` this extension reads every page
 Sphinx is about to read exactly as myst-nb will (its own reader and configuration), asks the execution cache
 for each, and executes the missing ones in ``KERNELS_BOOK_JOBS`` child processes at a time (default: the number
-of cores, at most 8), longest pages first. Each success goes into the cache as myst-nb would store it; myst-nb
+of cores, at most 8), longest pages first. A page that times code says so in its front matter
+(``kfs_build: {runs_alone: <why>}``) and is left to myst-nb, which runs it afterwards with no other page beside
+it: chapter 13 trains for a fixed number of seconds, and with a second page executing it managed 29 steps
+instead of 300. Each success goes into the cache as myst-nb would store it; myst-nb
 then finds it there ("Using cached notebook"). A page that fails here is left out of the cache, so myst-nb
 executes it again and reports the error as it always does: the build's verdict is myst-nb's.
 
@@ -61,6 +64,10 @@ def _pending(app, env, docnames):
         if nb_config.metadata_key in notebook.metadata or nb_config.kernel_rgx_aliases:
             continue  # per-page settings: leave the page to myst-nb
         if not any(c.cell_type == "code" and c.source.strip() for c in notebook.cells):
+            continue
+        alone = (notebook.metadata.get("kfs_build") or {}).get("runs_alone")
+        if alone:  # myst-nb runs it later, while Sphinx reads the pages, with no other page executing
+            LOG.info(f"kfs_prerun: {os.path.relpath(path, app.srcdir)} runs alone ({alone})")
             continue
         try:
             cache.match_cache_notebook(notebook)
