@@ -11,6 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# Each test chooses how simulated blocks run (OS threads, or the sim_greenlets fixtures below); a
+# KERNELS_SIM_THREADS left in the shell (the site's build sets it for the pages) must not choose for all of them.
+os.environ.pop("KERNELS_SIM_THREADS", None)
 
 # A full run that collects almost nothing means something is broken (an import error in a plugin, a
 # renamed folder): fail instead of passing, whatever pytest's own exit code would be.
