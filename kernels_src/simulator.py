@@ -380,8 +380,8 @@ _FOR_GOOD = contextlib.ExitStack()
 def greenlets_for_good() -> bool:
     """Run every simulated block's threads as greenlets (:func:`threads_as_greenlets`) from now until this process
     ends; idempotent. What ``KERNELS_SIM_THREADS=greenlets`` asks for (:mod:`kernels_src.device`): the site's build
-    sets it, because the pages show results of race-free kernels, which do not depend on the schedule (the race
-    test of every GPU variant runs with OS threads). JupyterLab and the grader keep the simulator's OS threads.
+    sets it, because the pages show results of race-free kernels, which do not depend on the schedule (every GPU
+    variant is checked race-free by the race detector, tests/test_registry.py). JupyterLab and the grader keep the simulator's OS threads.
     False (and nothing changes) where greenlet is not installed."""
     if getattr(greenlets_for_good, "on", False):
         return True

@@ -64,7 +64,7 @@ def test_cpu_trainer_equals_train_step():
 @pytest.mark.skipif(device.MODE != "sim", reason="the simulator's fallback (mode: sim only)")
 def test_simulator_trainer_falls_back_and_says_why(sim_greenlets):
     """One step only (the simulator is slow; the eager step's equality with train_step is shown on the CPU); its
-    blocks run as greenlets (the kernels' race tests run with OS threads)."""
+    blocks run as greenlets (each kernel's race test is in tests/test_registry.py)."""
     cfg = Config(vocab=11, ctx=8, width=32, heads=1, layers=1)
     data = batches(cfg, 1, 3, 1)
     with pytest.warns(RuntimeWarning, match="training eagerly"):
