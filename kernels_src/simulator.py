@@ -379,17 +379,14 @@ _FOR_GOOD = contextlib.ExitStack()
 
 def greenlets_for_good() -> bool:
     """Run every simulated block's threads as greenlets (:func:`threads_as_greenlets`) from now until this process
-    ends; idempotent. What ``KERNELS_SIM_THREADS=greenlets`` asks for (:mod:`kernels_src.device`): the site's build
-    sets it, because the pages show results of race-free kernels, which do not depend on the schedule (every GPU
-    variant is checked race-free by the race detector, tests/test_registry.py). JupyterLab and the grader keep the simulator's OS threads.
-    False (and nothing changes) where greenlet is not installed."""
-    if getattr(greenlets_for_good, "on", False):
-        return True
+    ends. :mod:`kernels_src.device` calls it once, for ``KERNELS_SIM_THREADS=greenlets``: the site's build sets it,
+    because the pages show results of race-free kernels, which do not depend on the schedule (every GPU variant is
+    checked race-free by the race detector, tests/test_registry.py). JupyterLab and the grader keep the simulator's
+    OS threads. False (and nothing changes) where greenlet is not installed."""
     try:
         _FOR_GOOD.enter_context(threads_as_greenlets())
     except ImportError:
         return False
-    greenlets_for_good.on = True
     return True
 
 

@@ -3,9 +3,6 @@ the site shows and how a failing page fails stay myst-nb's."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,29 +27,17 @@ with open({log!r}, "a") as f:
 print("page {name} says", 6 * 7)
 ```
 """
-CONFIG = """title: t
-execute: {{execute_notebooks: cache, cache: {cache}, allow_errors: false, timeout: 120}}
-sphinx:
-  local_extensions: {{kfs_site: {ext}}}
-"""
 
 
 def _book(tmp: Path, pages: dict[str, str], jobs: str) -> tuple[int, str, Path]:
-    tmp.mkdir()
-    log = tmp / "ran.jsonl"
-    for name, body in pages.items():
-        front = "kfs_build: {runs_alone: it times code}\n" if name == "solo" else ""
-        (tmp / f"{name}.md").write_text(PAGE.format(name=name, sleep=2, body=body, log=str(log), front=front))
-    names = list(pages)
-    (tmp / "_toc.yml").write_text(f"format: jb-book\nroot: {names[0]}\nchapters:\n"
-                                  + "".join(f"  - file: {n}\n" for n in names[1:]))
-    (tmp / "_config.yml").write_text(CONFIG.format(cache=(tmp / "cache").as_posix(),
-                                                   ext=(ROOT / "book" / "_ext").as_posix()))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JUPYTER_PREFER_ENV_PATH="1", KERNELS_BOOK_JOBS=jobs)
-    r = subprocess.run([sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; sys.exit(main())",
-                        "build", str(tmp), "-W", "-n", "--keep-going"], capture_output=True, text=True, env=env,
-                       timeout=600)
-    return r.returncode, r.stdout + r.stderr, log
+    from test_lab_chapter import build_book
+
+    log = tmp / "ran.jsonl"  # written by the pages, once build_book has made tmp
+    texts = {name: PAGE.format(name=name, sleep=2, body=body, log=str(log),
+                               front="kfs_build: {runs_alone: it times code}\n" if name == "solo" else "")
+             for name, body in pages.items()}
+    rc, out = build_book(tmp, texts, KERNELS_BOOK_JOBS=jobs)
+    return rc, out, log
 
 
 def _runs(log: Path) -> dict[str, list[tuple[float, float]]]:

@@ -97,18 +97,29 @@ sphinx:
 """
 
 
-def _build(tmp: Path, prose: str) -> tuple[int, str, str]:
+def build_book(tmp: Path, pages: dict[str, str], **env) -> tuple[int, str]:
+    """Write ``pages`` (name -> MyST text; the first is the root) into ``tmp`` as a small book with the site's
+    extensions and its own execution cache, and build it as strictly as ``make book``: (exit status, log)."""
     tmp.mkdir()
-    (tmp / "page.md").write_text(PAGE.format(prose=prose))
-    (tmp / "_toc.yml").write_text("format: jb-book\nroot: page\n")
+    for name, text in pages.items():
+        (tmp / f"{name}.md").write_text(text)
+    names = list(pages)
+    chapters = "".join(f"  - file: {n}\n" for n in names[1:])
+    (tmp / "_toc.yml").write_text(f"format: jb-book\nroot: {names[0]}\n"
+                                  + (f"chapters:\n{chapters}" if chapters else ""))
     (tmp / "_config.yml").write_text(CONFIG.format(cache=(tmp / "cache").as_posix(),
                                                    ext=(ROOT / "book" / "_ext").as_posix()))
-    env = dict(__import__("os").environ, PYTHONPATH=str(ROOT), JUPYTER_PREFER_ENV_PATH="1")
+    env = dict(__import__("os").environ, PYTHONPATH=str(ROOT), JUPYTER_PREFER_ENV_PATH="1", **env)
     r = subprocess.run([sys.executable, "-c", "import sys; from jupyter_book.cli.main import main; sys.exit(main())",
                         "build", str(tmp), "-W", "-n", "--keep-going"], capture_output=True, text=True, env=env,
                        timeout=600)
+    return r.returncode, r.stdout + r.stderr
+
+
+def _build(tmp: Path, prose: str) -> tuple[int, str, str]:
+    rc, log = build_book(tmp, {"page": PAGE.format(prose=prose)})
     html = tmp / "_build" / "html" / "page.html"
-    return r.returncode, r.stdout + r.stderr, html.read_text() if html.exists() else ""
+    return rc, log, html.read_text() if html.exists() else ""
 
 
 @pytest.mark.slow

@@ -42,7 +42,8 @@ def jobs() -> int:
 
 
 def _pending(app, env, docnames):
-    """(path, notebook) of each page to be read that myst-nb would execute and the cache does not hold."""
+    """The execution cache, and (path, notebook, length of its text) of each page to be read that myst-nb would
+    execute and the cache does not hold."""
     from jupyter_cache import get_cache
     from myst_nb.core.read import create_nb_reader
 
@@ -117,10 +118,10 @@ def prerun(app, env, docnames):
     LOG.info(f"kfs_prerun: executing {len(pending)} pages, {min(n, len(pending))} at a time (KERNELS_BOOK_JOBS)")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kfs_prerun_") as tmp, ThreadPoolExecutor(min(n, len(pending))) as pool:
-        futures = [(path, notebook, pool.submit(_run_one, path, notebook, nb_config.execution_timeout,
-                                                nb_config.execution_allow_errors, Path(tmp)))
+        futures = [(path, pool.submit(_run_one, path, notebook, nb_config.execution_timeout,
+                                      nb_config.execution_allow_errors, Path(tmp)))
                    for path, notebook, _ in pending]
-        for path, notebook, fut in futures:
+        for path, fut in futures:
             executed, seconds, err = fut.result()
             rel = os.path.relpath(path, app.srcdir)
             if executed is None:
