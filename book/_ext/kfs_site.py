@@ -26,8 +26,8 @@ def setup(app):
     # interactive figure as a still picture with a caption instead of saving widgets that would do nothing.
     os.environ["KFS_BOOK_BUILD"] = "1"
     # Simulated blocks run as greenlets in the pages' kernels (kernels_src/device.py): the same outputs from the
-    # course's race-free kernels, several times faster (chapter 20: 140 s -> 38 s). KERNELS_SIM_THREADS=os keeps
-    # the simulator's OS threads.
+    # course's race-free kernels, several times faster (compare `KERNELS_SIM_THREADS=os make book`, which keeps
+    # the simulator's OS threads).
     os.environ.setdefault("KERNELS_SIM_THREADS", "greenlets")
     app.connect("html-page-context", _strip_thebe, priority=900)
     app.setup_extension("kfs_prerun")  # the pages executed side by side before Sphinx reads them
